@@ -1,0 +1,55 @@
+"""Command-line entry point: ``relayrl <command> ...``.
+
+Each command lives in its own module here exposing ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``. Modules import heavy dependencies (torch, transformers) inside ``run``
+so that ``relayrl --help`` and argument errors stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from relayrl.errors import RelayError
+
+# command name -> module under relayrl.cli
+COMMANDS: dict[str, str] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="relayrl", description="Fully asynchronous RL for LLM reasoning."
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for user errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"relayrl.cli.{module_name}")
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show full tracebacks for user errors",
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except RelayError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Run configuration: the typed schema (pydantic v2), YAML loading, dotted command-line
+overrides and their error messages.
+
+Imports: pydantic, yaml and relayrl.errors only; every other package reads its settings from here.
+"""

@@ -1,0 +1,61 @@
+"""Load any Hugging Face causal-LM directory and turn prompts into token ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relayrl.errors import RelayError
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Raise a clear error unless ``path`` is a Hugging Face model directory."""
+    p = Path(path)
+    if not p.is_dir():
+        raise RelayError(
+            f"model path {str(p)!r} is not a directory; expected a Hugging Face "
+            "model directory (config.json + weights)"
+        )
+    if not (p / "config.json").is_file():
+        raise RelayError(
+            f"model path {str(p)!r} has no config.json; expected a Hugging Face "
+            "model directory (config.json + weights)"
+        )
+    return p
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    p = check_model_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(p)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+        raise RelayError(f"cannot load a tokenizer from {str(p)!r}: {exc}") from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
+    """Load a causal LM in eval mode; ``dtype`` is a torch dtype name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = check_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
+    except Exception as exc:  # noqa: BLE001
+        raise RelayError(f"cannot load a causal LM from {str(p)!r}: {exc}") from exc
+    return model.to(device).eval()
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids for a user prompt: the chat template when the tokenizer has one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,79 @@
+"""Multi-step arithmetic with a worked chain and a GSM8K-style ``#### N`` answer line.
+
+A problem is a start value and a chain of operations applied left to right::
+
+    prompt:      Start at 17, then +5, *3, -8. What is the result?
+    completion:  17+5=22
+                 22*3=66
+                 66-8=58
+                 #### 58
+
+The number of steps is ``min_steps`` plus a geometric tail (continue with probability
+``tail``) capped at ``max_steps``, so response lengths have a long tail. Every intermediate
+value stays in ``[0, max_value]``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from relayrl.tasks.base import Problem, SyntheticTask
+
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_WRONG_DELTAS = (-10, -2, -1, 1, 2, 10)
+
+
+@dataclass
+class ArithmeticTask(SyntheticTask):
+    min_steps: int = 2
+    max_steps: int = 10
+    tail: float = 0.6
+    max_operand: int = 9
+    max_value: int = 99
+    test_fraction: float = 0.1
+    name: str = "arithmetic"
+
+    def _num_steps(self, rng: random.Random) -> int:
+        steps = self.min_steps
+        while steps < self.max_steps and rng.random() < self.tail:
+            steps += 1
+        return steps
+
+    def _valid_ops(self, value: int) -> list[tuple[str, int]]:
+        ops = []
+        for b in range(1, self.max_operand + 1):
+            if value + b <= self.max_value:
+                ops.append(("+", b))
+            if value - b >= 0:
+                ops.append(("-", b))
+            if b >= 2 and value * b <= self.max_value and value > 0:
+                ops.append(("*", b))
+        return ops
+
+    def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
+        start = rng.randint(1, self.max_value)
+        value, ops = start, []
+        for _ in range(self._num_steps(rng)):
+            op, b = rng.choice(self._valid_ops(value))
+            ops.append((op, b))
+            value = _APPLY[op](value, b)
+        chain = ", ".join(f"{op}{b}" for op, b in ops)
+        prompt = f"Start at {start}, then {chain}. What is the result?"
+        key = f"{start}|{chain}"
+        meta = {"start": start, "ops": [list(o) for o in ops]}
+        return key, Problem(problem_id, prompt, str(value), "math", meta)
+
+    def demonstration(self, problem: Problem, rng: random.Random, wrong: bool = False) -> str:
+        ops = problem.meta["ops"]
+        bad_step = rng.randrange(len(ops)) if wrong else -1
+        value, lines = problem.meta["start"], []
+        for i, (op, b) in enumerate(ops):
+            result = _APPLY[op](value, b)
+            if i == bad_step:
+                deltas = [d for d in _WRONG_DELTAS if result + d >= 0]
+                result += rng.choice(deltas)
+            lines.append(f"{value}{op}{b}={result}")
+            value = result
+        lines.append(f"#### {value}")
+        return "\n".join(lines)

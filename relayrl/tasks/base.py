@@ -1,0 +1,76 @@
+"""The Problem record and the synthetic-task interface shared by every problem source."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.errors import RelayError
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable problem.
+
+    ``grader`` names the verifier in :mod:`relayrl.rewards` ("math", "countdown", "code");
+    ``answer`` is the gold answer as text; ``meta`` holds what the grader needs beyond it.
+    """
+
+    id: str
+    prompt: str
+    answer: str
+    grader: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def stable_bucket(key: str, buckets: int = 1000) -> int:
+    """A process-independent hash bucket (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % buckets
+
+
+class SyntheticTask(ABC):
+    """A generator of verifiable problems with worked demonstrations.
+
+    Splits are disjoint by construction: a problem's canonical key hashes into the test split
+    for ``test_fraction`` of the key space and into train otherwise, so no key can be drawn by
+    both. Generation is a pure function of ``(seed, split, n)``.
+    """
+
+    name: str = ""
+    test_fraction: float = 0.1
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        if split not in SPLITS:
+            raise RelayError(f"unknown split {split!r}; expected one of {SPLITS}")
+        rng = random.Random(f"{self.name}/{seed}/{split}")
+        threshold = int(self.test_fraction * 1000)
+        seen: set[str] = set()
+        out: list[Problem] = []
+        attempts = 0
+        while len(out) < n:
+            attempts += 1
+            if attempts > 200 * n + 10_000:
+                raise RelayError(
+                    f"task {self.name!r} could only generate {len(out)} distinct {split} "
+                    f"problems of the {n} asked; widen its difficulty settings"
+                )
+            key, problem = self._sample(rng, f"{self.name}-{split}-{len(out)}")
+            in_test = stable_bucket(key) < threshold
+            if in_test != (split == "test") or key in seen:
+                continue
+            seen.add(key)
+            out.append(problem)
+        return out
+
+    @abstractmethod
+    def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
+        """Draw one problem; returns its canonical key and the Problem."""
+
+    @abstractmethod
+    def demonstration(self, problem: Problem, rng: random.Random, wrong: bool = False) -> str:
+        """A worked completion ending in a ``#### ...`` line; ``wrong`` plants one bad step."""
