@@ -1,0 +1,73 @@
+"""Loading new weights into a live model: from a safetensors file, a Hugging Face directory of
+safetensors shards, or an in-memory state dict. Every tensor is checked (name, shape) before
+any parameter is overwritten, so a bad update leaves the model unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from relayrl.errors import RelayError
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``path`` (a ``.safetensors`` file or a directory of them)."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.is_file() and p.suffix == ".safetensors":
+        files = [p]
+    elif p.is_dir():
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise RelayError(f"weights directory {str(p)!r} contains no *.safetensors file")
+    else:
+        raise RelayError(
+            f"weights path {str(p)!r} does not exist or is neither a directory "
+            "nor a .safetensors file"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
+            raise RelayError(f"cannot read weights file {str(f)!r}: {exc}") from exc
+    return state
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that share storage with an earlier parameter (tied embeddings)."""
+    seen: dict[int, str] = {}
+    tied: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = param.data_ptr()
+        if key in seen:
+            tied.add(name)
+        else:
+            seen[key] = name
+    return tied
+
+
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``model`` in place after checking every name and shape."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    params.update(dict(model.named_buffers()))
+    unknown = sorted(set(state) - set(params))
+    if unknown:
+        raise RelayError(f"weights contain tensors the model does not have: {unknown[:5]}")
+    missing = sorted(set(params) - set(state) - _tied_names(model))
+    missing = [n for n in missing if n in dict(model.named_parameters())]
+    if missing:
+        raise RelayError(f"weights are missing tensors of the model: {missing[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise RelayError(
+                f"weight {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(params[name].shape)}"
+            )
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
