@@ -1,0 +1,228 @@
+"""A process pool that grades (problem, completion) pairs with per-item timeouts.
+
+Each worker is a *spawned* process (never forked from a parent that may hold torch threads)
+that grades one item at a time on its main thread, where math-verify's ``signal.alarm``
+works. One feeder thread per worker sends it items and waits for the answer up to
+``timeout_s``:
+
+* the grader raised → reward 0, status ``error`` (counted), the worker keeps going;
+* no answer in time → the worker is killed and replaced, reward 0, status ``timeout``;
+* the worker died (``os._exit``, segfault, OOM kill) → replaced, reward 0, status ``crash``.
+
+APIs: :meth:`GradingPool.grade_batch` (blocking, results in input order),
+:meth:`GradingPool.submit` (a ``concurrent.futures.Future``), and the asyncio-friendly
+:meth:`GradingPool.score` / :meth:`GradingPool.score_batch` for the RL loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.tasks.base import Problem
+
+Grader = Callable[[Problem, str], Any]
+STATUSES = ("ok", "error", "timeout", "crash")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A reward and how it was obtained; ``info`` holds grader details (e.g. extracted)."""
+
+    reward: float
+    status: str = "ok"
+    detail: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _default_grader(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    from relayrl.rewards.dispatch import grade_detail
+
+    return grade_detail(problem, completion)
+
+
+def _worker_main(conn: Any, grader: Grader) -> None:
+    """Worker loop: receive (problem, completion), send ("ok", reward, info) or ("error", msg)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import sys
+
+    if "torch" in sys.modules:  # graders should not need torch; if one imports it, 1 thread
+        sys.modules["torch"].set_num_threads(1)
+    conn.send(("ready",))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        problem, completion = job
+        try:
+            out = grader(problem, completion)
+            reward, info = out if isinstance(out, tuple) else (out, {})
+            conn.send(("ok", float(reward), dict(info)))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"[:500]))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, grader: Grader, start_timeout_s: float) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, grader), daemon=True)
+        self.process.start()
+        child.close()
+        if not self.conn.poll(start_timeout_s):
+            self.stop()
+            raise RuntimeError(f"grading worker did not start within {start_timeout_s}s")
+        self.conn.recv()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+class GradingPool:
+    """``workers`` grading processes; see the module docstring for the failure semantics."""
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 30.0,
+        grader: Grader | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._grader = grader or _default_grader
+        self._ctx = multiprocessing.get_context("spawn")
+        self._jobs: queue.Queue[tuple[Future, Problem, str] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.counters: Counter[str] = Counter()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._feed, name=f"grader-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def submit(self, problem: Problem, completion: str) -> Future:
+        """Queue one item; the future resolves to a :class:`RewardResult` (never raises)."""
+        if self._closed:
+            raise RuntimeError("grading pool is closed")
+        future: Future = Future()
+        self._jobs.put((future, problem, completion))
+        return future
+
+    def grade_batch(self, items: Sequence[tuple[Problem, str]]) -> list[RewardResult]:
+        """Grade all items in parallel; results in input order."""
+        futures = [self.submit(p, c) for p, c in items]
+        return [f.result() for f in futures]
+
+    async def score(self, problem: Problem, completion: str) -> RewardResult:
+        """Asyncio-friendly single grade (does not block the event loop)."""
+        return await asyncio.wrap_future(self.submit(problem, completion))
+
+    async def score_batch(self, items: Sequence[tuple[Problem, str]]) -> list[RewardResult]:
+        return list(await asyncio.gather(*(self.score(p, c) for p, c in items)))
+
+    def stats(self) -> dict[str, int]:
+        """Counts: graded, ok, error, timeout, crash, restarts."""
+        with self._lock:
+            return {key: self.counters.get(key, 0) for key in ("graded", *STATUSES, "restarts")}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def __enter__(self) -> GradingPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- feeder threads ---------------------------------------------------------------------
+
+    def _count(self, *keys: str) -> None:
+        with self._lock:
+            for key in keys:
+                self.counters[key] += 1
+
+    def _feed(self) -> None:
+        worker: _Worker | None = None
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                future, problem, completion = job
+                if not future.set_running_or_notify_cancel():
+                    continue
+                worker, result = self._grade_one(worker, problem, completion)
+                self._count("graded", result.status)
+                future.set_result(result)
+        finally:
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    worker.conn.send(None)
+                worker.stop()
+
+    def _grade_one(
+        self, worker: _Worker | None, problem: Problem, completion: str
+    ) -> tuple[_Worker | None, RewardResult]:
+        start = time.monotonic()
+        try:
+            if worker is None:
+                worker = _Worker(self._ctx, self._grader, self.start_timeout_s)
+            worker.conn.send((problem, completion))
+            if not worker.conn.poll(self.timeout_s):
+                self._replace(worker)
+                return None, RewardResult(
+                    0.0,
+                    "timeout",
+                    f"no result in {self.timeout_s}s",
+                    seconds=time.monotonic() - start,
+                )
+            reply = worker.conn.recv()
+        except (EOFError, OSError, RuntimeError) as exc:
+            if worker is not None:
+                self._replace(worker)
+            return None, RewardResult(
+                0.0,
+                "crash",
+                f"grading worker died: {type(exc).__name__}",
+                seconds=time.monotonic() - start,
+            )
+        elapsed = time.monotonic() - start
+        if reply[0] == "ok":
+            return worker, RewardResult(reply[1], "ok", info=reply[2], seconds=elapsed)
+        return worker, RewardResult(0.0, "error", reply[1], seconds=elapsed)
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.stop()
+        self._count("restarts")
+        from relayrl.rewards.sandbox import kill_orphaned_sandboxes
+
+        kill_orphaned_sandboxes()
