@@ -14,7 +14,10 @@ import sys
 from relayrl.errors import RelayError
 
 # command name -> module under relayrl.cli
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "serve": "serve",
+    "bench": "bench",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

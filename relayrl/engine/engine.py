@@ -217,7 +217,7 @@ class Engine:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            self.abort(rid)
+            self._call(self._abort_one, rid, wait=False)  # never block the event loop
             raise
 
     def generate_batch(
@@ -232,6 +232,10 @@ class Engine:
     def abort(self, rid: str) -> bool:
         """Abort one request (queued or running); True if it was still live."""
         return self._call(self._abort_one, rid)
+
+    async def run_async(self, method: str, *args):
+        """Await a blocking engine method (``pause``, ``update_weights``...) off the event loop."""
+        return await asyncio.to_thread(getattr(self, method), *args)
 
     def pause(self, mode: str = "abort") -> list[GenerationResult]:
         """Stop generating until :meth:`continue_generation`; new requests queue meanwhile.
@@ -278,12 +282,12 @@ class Engine:
 
     # ------------------------------------------------------------------ loop plumbing
     def _call(self, fn: Callable, *args, wait: bool = True):
-        """Run ``fn(*args)`` on the loop thread; wait for and return its result."""
+        """Run ``fn(*args)`` on the loop thread; return its result (``wait``) or a future."""
         if self._shutdown or not self._thread.is_alive():
             raise RuntimeError("the engine has been shut down")
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put((fn, args, done))
-        return done.result() if wait else None
+        return done.result() if wait else done
 
     def _run_command(self, item) -> None:
         fn, args, done = item

@@ -1,0 +1,61 @@
+"""``relayrl serve``: run a rollout server (built-in engine + SGLang-style HTTP API)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from relayrl.errors import RelayError
+
+HELP = "serve a model with the built-in engine over an SGLang-style HTTP API"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RELAYRL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $RELAYRL_API_KEY); "
+        "mandatory for a non-loopback --host",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument("--max-total-tokens", type=int, default=None)
+    parser.add_argument("--max-seq-len", type=int, default=None)
+    parser.add_argument("--weight-version", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from relayrl.engine.server import check_bind
+
+    check_bind(args.host, args.api_key)  # before loading anything
+    if args.threads < 1:
+        raise RelayError("--threads must be >= 1")
+    import torch
+
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.server import serve
+    from relayrl.engine.types import EngineOptions
+
+    torch.set_num_threads(args.threads)
+    try:
+        options = EngineOptions(
+            device=args.device,
+            dtype=args.dtype,
+            max_running_requests=args.max_running_requests,
+            max_total_tokens=args.max_total_tokens,
+            max_seq_len=args.max_seq_len,
+            weight_version=args.weight_version,
+        )
+    except ValueError as exc:
+        raise RelayError(str(exc)) from exc
+    engine = Engine.from_pretrained(args.model, options)
+    try:
+        serve(engine, args.host, args.port, args.api_key)
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,260 @@
+"""Async client of one or more rollout servers (ours or SGLang's native API).
+
+Owns: connection pooling (one ``httpx.AsyncClient``), timeouts, retries with exponential
+backoff on connection errors (never on 4xx), round-robin over servers with stickiness (the
+same ``key`` always goes to the same server), broadcasting of pause / continue / weight
+updates to every server, and *resubmission after abort*.
+
+Resubmission: when a result comes back with finish_reason "abort" (a weight update paused the
+servers), :meth:`RolloutClient.generate` waits until generation is resumed (when this client
+issued the pause, until its ``continue_generation``; otherwise the server itself queues the
+request until it is resumed) and resubmits ``prompt + partial output`` with the remaining
+token budget. Ids, logprobs and versions are concatenated, so earlier tokens keep their
+logprobs and versions. The continuation's seed is ``continuation_seed(seed, n)`` with ``n``
+the number of tokens already generated: a run is reproducible given the same interruption
+points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from relayrl.engine.types import SamplingParams
+
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+MAX_STICKY_KEYS = 100_000
+
+
+class RolloutServerError(RuntimeError):
+    """A server answered with an error or could not be reached; names the server URL."""
+
+    def __init__(self, url: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"rollout server {url}: {message}")
+        self.url = url
+        self.status = status
+
+
+@dataclass
+class Generation:
+    """A finished (possibly resubmitted) request as seen by the client."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    server: str
+    resubmissions: int = 0
+    text: str | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
+    """Seed of a resubmitted request: a fixed function of the original seed and progress."""
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + tokens_done * 7_919 + 1) % (2**63 - 1)
+
+
+def parse_generation(url: str, data: dict[str, Any]) -> Generation:
+    """Turn a ``/generate`` JSON answer (ours or SGLang's) into a :class:`Generation`."""
+    meta = data.get("meta_info", {})
+    reason = meta.get("finish_reason")
+    reason = reason.get("type") if isinstance(reason, dict) else (reason or "stop")
+    ids = list(data.get("output_ids", []))
+    logprobs = [float(x[0]) for x in meta.get("output_token_logprobs") or []]
+    versions = meta.get("output_token_versions")
+    if versions is None:  # e.g. SGLang: one version for the whole answer
+        versions = [int(meta.get("weight_version") or 0)] * len(ids)
+    return Generation(
+        output_ids=ids,
+        output_logprobs=logprobs,
+        output_versions=[int(v) for v in versions],
+        finish_reason=reason,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        server=url,
+        text=data.get("text"),
+        meta_info=meta,
+    )
+
+
+class RolloutClient:
+    """Async client over ``urls``; use ``async with`` or call :meth:`close`."""
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        max_retries: int = 3,
+        backoff: float = 0.2,
+        max_connections: int = 256,
+        max_resubmits: int = 32,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise ValueError("RolloutClient needs at least one server URL")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_resubmits = max_resubmits
+        self._rr = itertools.count()
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # ------------------------------------------------------------------ routing
+    def server_for(self, key: str | None = None) -> str:
+        """Round-robin; a ``key`` seen before goes to the same server again."""
+        if key is None:
+            return self.urls[next(self._rr) % len(self.urls)]
+        url = self._sticky.get(key)
+        if url is None:
+            url = self.urls[next(self._rr) % len(self.urls)]
+            self._sticky[key] = url
+            if len(self._sticky) > MAX_STICKY_KEYS:
+                self._sticky.popitem(last=False)
+        else:
+            self._sticky.move_to_end(key)
+        return url
+
+    async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
+        """One HTTP call with retries on connection errors; raises RolloutServerError."""
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = await self._http.request(method, url + path, json=json)
+            except RETRYABLE as exc:
+                last = exc
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff * 2**attempt)
+                continue
+            except httpx.TimeoutException as exc:
+                raise RolloutServerError(url, f"{path} timed out: {exc!r}") from exc
+            if response.status_code >= 400:
+                raise RolloutServerError(
+                    url,
+                    f"{path} -> HTTP {response.status_code}: {response.text}",
+                    response.status_code,
+                )
+            return response.json()
+        raise RolloutServerError(
+            url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
+        ) from last
+
+    async def _broadcast(self, path: str, json: Any = None) -> list[Any]:
+        return list(
+            await asyncio.gather(*(self._request("POST", u, path, json) for u in self.urls))
+        )
+
+    # ------------------------------------------------------------------ control
+    async def health(self) -> list[Any]:
+        return list(await asyncio.gather(*(self._request("GET", u, "/health") for u in self.urls)))
+
+    async def model_info(self) -> list[Any]:
+        return list(
+            await asyncio.gather(*(self._request("GET", u, "/get_model_info") for u in self.urls))
+        )
+
+    async def pause(self, mode: str = "abort") -> list[Any]:
+        """Pause every server; requests aborted by it are resubmitted after ``continue``."""
+        self._resumed.clear()
+        return await self._broadcast("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> list[Any]:
+        try:
+            return await self._broadcast("/continue_generation")
+        finally:
+            self._resumed.set()
+
+    async def update_weights(self, model_path: str, version: int | None = None) -> list[Any]:
+        """Load ``model_path`` on every server, tagging new tokens with ``version``."""
+        return await self._broadcast(
+            "/update_weights_from_disk", {"model_path": str(model_path), "weight_version": version}
+        )
+
+    # ------------------------------------------------------------------ generation
+    async def generate_once(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams | dict[str, Any],
+        key: str | None = None,
+        url: str | None = None,
+    ) -> Generation:
+        """One ``/generate`` call, no resubmission."""
+        params = (
+            asdict(sampling_params)
+            if isinstance(sampling_params, SamplingParams)
+            else dict(sampling_params)
+        )
+        params = {k: v for k, v in params.items() if v is not None and v != []}
+        url = url or self.server_for(key)
+        body = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
+        return parse_generation(url, await self._request("POST", url, "/generate", body))
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams | dict[str, Any],
+        key: str | None = None,
+    ) -> Generation:
+        """Generate to completion, resubmitting after aborts (see the module docstring)."""
+        params = (
+            asdict(sampling_params)
+            if isinstance(sampling_params, SamplingParams)
+            else dict(sampling_params)
+        )
+        budget = int(params.get("max_new_tokens", 128))
+        seed = params.get("seed")
+        url = self.server_for(key)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        resubmits = 0
+        while True:
+            part = dict(params, max_new_tokens=budget - len(ids))
+            part["seed"] = continuation_seed(seed, len(ids)) if ids else seed
+            out = await self.generate_once(list(input_ids) + ids, part, url=url)
+            ids += out.output_ids
+            logprobs += out.output_logprobs
+            versions += out.output_versions
+            done = out.finish_reason != "abort" or len(ids) >= budget
+            if done or resubmits >= self.max_resubmits:
+                reason = (
+                    "length"
+                    if out.finish_reason == "abort" and len(ids) >= budget
+                    else out.finish_reason
+                )
+                return Generation(
+                    output_ids=ids,
+                    output_logprobs=logprobs,
+                    output_versions=versions,
+                    finish_reason=reason,
+                    prompt_tokens=len(input_ids),
+                    server=url,
+                    resubmissions=resubmits,
+                    meta_info=out.meta_info,
+                )
+            resubmits += 1
+            await self._resumed.wait()

@@ -1,0 +1,292 @@
+"""The rollout server: an SGLang-style HTTP API (FastAPI + uvicorn) over one :class:`Engine`.
+
+Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_generation``,
+``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info``,
+``GET /get_server_info``. Request and response shapes follow SGLang's native API (see
+docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
+``error`` names the field; a client that disconnects mid-request has its request aborted.
+
+Security: the server binds 127.0.0.1 by default; any other host requires an API key, and with
+a key every request must carry ``Authorization: Bearer <key>`` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import threading
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from relayrl.engine.engine import Engine
+from relayrl.engine.types import GenerationResult, SamplingParams
+from relayrl.errors import RelayError
+
+DISCONNECT_POLL_S = 0.5
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingParamsIn(_Strict):
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    sampling_seed: int | None = None  # SGLang's name for the seed
+    ignore_eos: bool = False
+
+    def to_params(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        seed = self.seed if self.seed is not None else self.sampling_seed
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            seed=seed,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class GenerateIn(_Strict):
+    input_ids: list[int]
+    sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
+    return_logprob: bool = False
+    return_text_in_logprobs: bool = False
+    rid: str | None = None
+    stream: Literal[False] = False
+
+
+class PauseIn(_Strict):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class UpdateWeightsIn(_Strict):
+    model_path: str
+    weight_version: int | None = None
+    load_format: Literal["auto", "safetensors"] | None = None
+    abort_all_requests: bool = False
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to expose the server beyond this machine without an API key."""
+    if not is_loopback(host) and not api_key:
+        raise RelayError(
+            f"refusing to serve on non-loopback host {host!r} without an API key; "
+            "pass --api-key (or RELAYRL_API_KEY) or bind 127.0.0.1"
+        )
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message, "success": False})
+
+
+def _finish_reason(result: GenerationResult) -> dict[str, Any]:
+    if result.finish_reason == "length":
+        return {"type": "length", "length": len(result.output_ids)}
+    if result.finish_reason == "stop":
+        return {"type": "stop", "matched": result.matched_stop}
+    return {"type": "abort", "message": "request aborted (pause, disconnect or shutdown)"}
+
+
+def _response(engine: Engine, result: GenerationResult, req: GenerateIn) -> dict[str, Any]:
+    text = engine.tokenizer.decode(result.output_ids) if engine.tokenizer is not None else None
+    versions = result.output_versions
+    meta: dict[str, Any] = {
+        "id": result.rid,
+        "finish_reason": _finish_reason(result),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": 0,
+        "weight_version": versions[-1] if versions else engine.weight_version,
+        "output_token_versions": versions,
+        "e2e_latency": result.latency,
+    }
+    if req.return_logprob:
+        decode = (
+            engine.tokenizer.decode if req.return_text_in_logprobs and engine.tokenizer else None
+        )
+        meta["output_token_logprobs"] = [
+            [lp, tok, decode([tok]) if decode else None]
+            for lp, tok in zip(result.output_logprobs, result.output_ids, strict=True)
+        ]
+    return {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+async def _await_or_disconnect(request: Request, task: asyncio.Task) -> bool:
+    """Wait for ``task``; cancel it and return False if the client goes away first."""
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return True
+        if await request.is_disconnected():
+            task.cancel()
+            return False
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI middleware: every HTTP request needs ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(header, self.expected):
+                response = _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine``."""
+    app = FastAPI(title="relayrl rollout server")
+    app.state.engine = engine
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError):
+        return _error(400, _validation_message(exc))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "vocab_size": engine.vocab_size,
+            "max_context_length": engine.max_seq_len,
+            "max_running_requests": engine.num_slots,
+            "weight_version": engine.weight_version,
+        }
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        return await engine.run_async("stats")
+
+    @app.post("/generate")
+    async def generate(body: GenerateIn, request: Request):
+        params = body.sampling_params.to_params()
+        try:
+            engine.validate(body.input_ids, params)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        rid = body.rid or uuid.uuid4().hex
+        task = asyncio.ensure_future(engine.generate(body.input_ids, params, rid))
+        if not await _await_or_disconnect(request, task):
+            return _error(499, "client disconnected")
+        try:
+            result = task.result()
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return _response(engine, result, body)
+
+    @app.post("/pause_generation")
+    async def pause(body: PauseIn | None = None):
+        results = await engine.run_async("pause", (body or PauseIn()).mode)
+        return {"success": True, "aborted": len(results)}
+
+    @app.post("/continue_generation")
+    async def resume():
+        await engine.run_async("continue_generation")
+        return {"success": True}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(body: UpdateWeightsIn):
+        if body.abort_all_requests:
+            await engine.run_async("pause", "abort")
+        start = time.perf_counter()
+        try:
+            version = await engine.run_async("update_weights", body.model_path, body.weight_version)
+        except RelayError as exc:
+            return _error(400, f"model_path: {exc}")
+        finally:
+            if body.abort_all_requests:
+                await engine.run_async("continue_generation")
+        return {
+            "success": True,
+            "message": f"loaded weights from {body.model_path} in {time.perf_counter() - start:.2f}s",
+            "weight_version": version,
+        }
+
+    return app
+
+
+class ServerThread:
+    """Run uvicorn for ``app`` in a background thread (tests, embedded use)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.host = host
+        self._thread = threading.Thread(target=self.server.run, name="relayrl-server", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the rollout server did not start")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None):
+    """Serve ``engine`` in the foreground until interrupted."""
+    import uvicorn
+
+    check_bind(host, api_key)
+    uvicorn.run(create_app(engine, api_key), host=host, port=port, log_level="info")
