@@ -132,7 +132,13 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._paused = False
         self._rid_counter = itertools.count()
-        self._stats = {"peak_running": 0, "steps": 0, "prefills": 0, "generated_tokens": 0}
+        self._stats = {
+            "peak_running": 0,
+            "steps": 0,
+            "prefills": 0,
+            "generated_tokens": 0,
+            "aborted": 0,
+        }
         self._commands: queue.Queue = queue.Queue()
         self._shutdown = False
         self._threads = torch.get_num_threads()
@@ -434,6 +440,7 @@ class Engine:
         )
         if not request.future.done():
             request.future.set_result(result)
+        self._stats["aborted"] += reason == "abort"
         return result
 
     def _admit(self) -> list[_Request]:

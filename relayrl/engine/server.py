@@ -139,6 +139,10 @@ def _response(engine: Engine, result: GenerationResult, req: GenerateIn) -> dict
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            parts.append(f"body: malformed JSON ({detail})".replace(" ()", ""))
+            continue
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)

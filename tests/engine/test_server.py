@@ -1,0 +1,200 @@
+"""Rollout server + async client over a real loopback uvicorn server: bad input, API keys,
+abort-then-resubmit across a weight update, a burst of requests with disconnecting clients."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import httpx
+import pytest
+
+from relayrl.engine.client import RolloutClient, RolloutServerError, continuation_seed
+from relayrl.engine.server import ServerThread, check_bind, create_app
+from relayrl.engine.types import SamplingParams
+from relayrl.errors import RelayError
+from tests.engine.conftest import perturbed_state, recompute_logprobs
+
+
+@pytest.fixture
+def served(make_engine):
+    """(engine, base url) of a server on 127.0.0.1 with a free port, stopped afterwards."""
+    started: list[ServerThread] = []
+
+    def start(api_key: str | None = None, **options):
+        engine = make_engine(**options)
+        server = ServerThread(create_app(engine, api_key)).start()
+        started.append(server)
+        return engine, server.url
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_generate_schema_and_info(served):
+    engine, url = served()
+    body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    data = httpx.post(f"{url}/generate", json=body, timeout=30).json()
+    meta = data["meta_info"]
+    assert len(data["output_ids"]) == 6 and meta["finish_reason"] == {"type": "length", "length": 6}
+    assert [t[1] for t in meta["output_token_logprobs"]] == data["output_ids"]
+    assert meta["output_token_versions"] == [0] * 6 and meta["prompt_tokens"] == 3
+    info = httpx.get(f"{url}/get_model_info").json()
+    assert info["vocab_size"] == engine.vocab_size and info["weight_version"] == 0
+    assert info["max_context_length"] == engine.max_seq_len
+
+
+BAD_REQUESTS = [
+    ("/generate", b"{not json", "malformed JSON"),
+    ("/generate", {"input_ids": []}, "input_ids"),
+    ("/generate", {"input_ids": [10**7]}, "vocabulary"),
+    ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+    (
+        "/generate",
+        {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 10**5}},
+        "max_seq_len",
+    ),
+    ("/generate", {"input_ids": [1], "bogus": 1}, "bogus"),
+    ("/generate", {"input_ids": [1], "sampling_params": {"temprature": 1}}, "temprature"),
+    ("/generate", {"input_ids": "abc"}, "input_ids"),
+    ("/update_weights_from_disk", {"model_path": "/nonexistent/weights"}, "model_path"),
+    ("/pause_generation", {"mode": "sideways"}, "mode"),
+]
+
+
+def test_bad_input_gets_4xx_and_server_keeps_serving(served):
+    _, url = served()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for path, body, field in BAD_REQUESTS:
+            if isinstance(body, bytes):
+                r = http.post(path, content=body, headers={"content-type": "application/json"})
+            else:
+                r = http.post(path, json=body)
+            assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
+            assert field in r.json()["error"], (field, r.json())
+        assert http.get("/health").json() == {"status": "ok"}
+        ok = http.post(
+            "/generate", json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert ok.status_code == 200
+
+
+def test_api_key_is_enforced(served):
+    _, url = served(api_key="s3cret")
+    assert httpx.get(f"{url}/health").status_code == 401
+    assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+    async def via_client():
+        async with RolloutClient(url, api_key="s3cret") as client:
+            out = await client.generate([5, 6], {"max_new_tokens": 3, "ignore_eos": True})
+            assert len(out.output_ids) == 3
+        async with RolloutClient(url) as client:
+            with pytest.raises(RolloutServerError, match="401"):
+                await client.generate([5, 6], {"max_new_tokens": 3})
+
+    asyncio.run(via_client())
+    with pytest.raises(RelayError, match="API key"):
+        check_bind("0.0.0.0", None)
+    check_bind("0.0.0.0", "k")
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+
+
+def test_client_names_the_down_server_and_routes_sticky(served):
+    _, url = served()
+
+    async def scenario():
+        dead = "http://127.0.0.1:9"  # discard port: nothing listens
+        async with RolloutClient([url, dead], max_retries=1, backoff=0.01) as client:
+            assert client.server_for("group-a") == client.server_for("group-a")
+            assert {client.server_for(None), client.server_for(None)} == {url, dead}
+            with pytest.raises(RolloutServerError, match="127.0.0.1:9.*unreachable"):
+                await client.generate_once([5], {"max_new_tokens": 2}, url=dead)
+            with pytest.raises(RolloutServerError, match="HTTP 400"):
+                await client.generate_once([], {"max_new_tokens": 2}, url=url)
+
+    asyncio.run(scenario())
+
+
+def test_abort_then_resubmit_keeps_a_consistent_trajectory(served, tiny_model, tmp_path):
+    old_model = copy.deepcopy(tiny_model)
+    new_model = copy.deepcopy(tiny_model)
+    new_model.load_state_dict(perturbed_state(tiny_model), strict=False)
+    new_model.save_pretrained(tmp_path / "v5")
+    engine, url = served()
+    prompt, budget = [7, 8, 9, 10], 200
+    params = SamplingParams(max_new_tokens=budget, temperature=1.0, seed=11, ignore_eos=True)
+
+    async def scenario():
+        async with RolloutClient(url) as client:
+            task = asyncio.create_task(client.generate(prompt, params, key="g0"))
+            while engine.stats()["generated_tokens"] < 10:
+                await asyncio.sleep(0.01)
+            await client.pause("abort")
+            await client.update_weights(str(tmp_path / "v5"), version=5)
+            await asyncio.sleep(0.1)
+            assert not task.done()  # waiting for continue
+            await client.continue_generation()
+            return await task
+
+    out = asyncio.run(scenario())
+    n = len(out.output_ids)
+    assert n == len(out.output_logprobs) == len(out.output_versions) == budget
+    assert out.finish_reason == "length" and out.resubmissions >= 1
+    n_old = out.output_versions.count(0)
+    assert 10 <= n_old < budget and out.output_versions == [0] * n_old + [5] * (budget - n_old)
+    old_ref = recompute_logprobs(old_model, prompt, out.output_ids, 1.0)
+    new_ref = recompute_logprobs(new_model, prompt, out.output_ids, 1.0)
+    assert (
+        max(abs(a - b) for a, b in zip(old_ref[:n_old], out.output_logprobs[:n_old], strict=True))
+        < 1e-4
+    )
+    assert (
+        max(abs(a - b) for a, b in zip(new_ref[n_old:], out.output_logprobs[n_old:], strict=True))
+        < 1e-4
+    )
+    assert continuation_seed(11, n_old) not in (None, 11)
+    assert engine.stats()["num_requests"] == 0
+
+
+def test_burst_and_disconnects_leave_no_leaked_requests(served):
+    engine, url = served(max_running_requests=64)
+
+    async def disconnecting_client():
+        body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+        async with httpx.AsyncClient(timeout=0.3) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(f"{url}/generate", json=body)
+
+    async def scenario():
+        async with RolloutClient(url, max_connections=100) as client:
+            burst = [
+                client.generate(
+                    [3 + i % 50, 4], {"max_new_tokens": 3, "temperature": 0.8, "seed": i}
+                )
+                for i in range(500)
+            ]
+            results = await asyncio.gather(*burst, *(disconnecting_client() for _ in range(8)))
+        outs = results[:500]
+        assert all(1 <= len(o.output_ids) <= 3 and o.finish_reason != "abort" for o in outs)
+
+    asyncio.run(scenario())
+    wait_until(lambda: engine.stats()["num_requests"] == 0, timeout=20)
+    stats = engine.stats()
+    assert stats["num_running"] == stats["num_waiting"] == 0
+    assert stats["aborted"] == 8  # the disconnected requests were cut short, not run to the end
+    assert httpx.get(f"{url}/health").status_code == 200
