@@ -2,8 +2,9 @@
 
 Run inside the sandbox as ``python -I _code_runner.py PROGRAM REQ_FD RESP_FD ENTRY_POINT``
 (standard library only; it must not import relayrl). It executes the candidate program,
-then answers calls: each request line is ``{"args": [...]}`` (encoded values), each reply
-one line ``{"ok": value}``, ``{"raised": "ExcName"}`` or ``{"unsupported": "TypeName"}``.
+then answers calls: each request line is ``{"args": [...], "n": NONCE}`` (encoded values), each
+reply one line ``{"n": NONCE, "ok": value}``, ``{"n": NONCE, "raised": "ExcName"}`` or
+``{"n": NONCE, "unsupported": "TypeName"}`` (the nonce echoed from the request).
 
 The codec carries only plain data — None, bool, int, float (also nan/inf), str, bytes,
 complex, list, tuple, dict, set, frozenset — with exact types, so no object with a custom
@@ -110,16 +111,17 @@ def main() -> None:
         line = requests.readline(MAX_LINE_BYTES)
         if not line:
             return
-        args = decode(json.loads(line)["args"])
+        request = json.loads(line)
+        args, nonce = decode(request["args"]), request["n"]
         try:
             result = function(*args)
         except BaseException as exc:
-            _send(replies, {"raised": type(exc).__name__})
+            _send(replies, {"n": nonce, "raised": type(exc).__name__})
             continue
         try:
-            reply = {"ok": encode(result)}
+            reply = {"n": nonce, "ok": encode(result)}
         except (TypeError, ValueError, RecursionError) as exc:
-            reply = {"unsupported": str(exc)[:100]}
+            reply = {"n": nonce, "unsupported": str(exc)[:100]}
         _send(replies, reply)
 
 

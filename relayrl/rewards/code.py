@@ -13,7 +13,8 @@ A pass requires ``check`` to return normally after at least one call to the cand
 Whatever the candidate does — exit early, print "PASSED", redefine ``check`` or
 ``assert`` in its own process, return an object whose ``__eq__`` is always true, write
 to the pipe out of turn — it can only produce plain values in answer to calls, which the
-trusted test then judges.
+trusted test then judges. Each call carries a fresh random nonce that the reply must echo,
+so replies cannot be written ahead of the calls they answer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import select
 import time
 from dataclasses import dataclass
@@ -67,13 +69,22 @@ def build_program(prompt: str, completion: str, entry_point: str) -> str:
     """The candidate program: the prompt and the completion's code.
 
     A completion that defines ``entry_point`` itself is appended after the whole prompt (the
-    prompt's imports and helpers stay available); otherwise it continues the prompt (the
+    prompt's imports and helpers stay available; the prompt is left out if it is not valid
+    Python on its own); otherwise it continues the prompt (the
     HumanEval convention: the completion is the function body).
     """
     code = extract_code(completion)
     if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
-        return f"{prompt}\n\n{code}\n"
+        return f"{prompt}\n\n{code}\n" if _compiles(prompt) else f"{code}\n"
     return f"{prompt}{code}\n"
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<prompt>", "exec")
+        return True
+    except (SyntaxError, ValueError):
+        return False
 
 
 class _Channel:
@@ -124,8 +135,11 @@ class RemoteFunction:
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
-        self.channel.send({"args": encode(list(args))})
+        nonce = secrets.token_hex(8)
+        self.channel.send({"args": encode(list(args)), "n": nonce})
         reply = self.channel.receive()
+        if reply.get("n") != nonce:  # written before the call was seen: not an answer to it
+            raise _CandidateGone("reply out of turn")
         if "ok" in reply:
             try:
                 return decode(reply["ok"])
@@ -140,7 +154,8 @@ class RemoteFunction:
 
 def _run_tests(test_code: str, prompt: str, entry_point: str, candidate: RemoteFunction) -> None:
     namespace: dict[str, Any] = {"__name__": "__relayrl_test__"}
-    exec(compile(prompt, "<prompt>", "exec"), namespace)  # trusted helpers (e.g. poly)
+    if _compiles(prompt):  # trusted helpers the tests may use (e.g. HumanEval/32's poly)
+        exec(compile(prompt, "<prompt>", "exec"), namespace)
     namespace[entry_point] = candidate  # tests may call the function by name
     exec(compile(test_code, "<test>", "exec"), namespace)
     check = namespace.get("check")

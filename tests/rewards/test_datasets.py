@@ -1,0 +1,82 @@
+"""Loading real benchmark files and user files, with precise errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relayrl.errors import RelayError
+from relayrl.tasks.datasets import FieldMap, load_problems
+
+EXPECTED = {
+    "gsm8k": 1319,
+    "math500": 500,
+    "aime24": 30,
+    "aime25": 30,
+    "humaneval": 164,
+    "math_train": 7470,
+}
+
+
+def test_known_datasets_load(shared_data: Path) -> None:
+    for name, count in EXPECTED.items():
+        problems = load_problems(name, data_root=shared_data)
+        assert len(problems) == count, name
+        assert len({p.id for p in problems}) == count
+    gsm = load_problems("gsm8k", data_root=shared_data, limit=1)[0]
+    assert gsm.grader == "math" and gsm.answer == "18" and "####" in gsm.prompt
+    assert gsm.prompt.startswith("Janet")
+    math500 = load_problems("math500", data_root=shared_data, limit=1)[0]
+    assert "\\boxed{}" in math500.prompt and math500.meta["math"]["modes"][0] == "boxed"
+    he = load_problems("humaneval", data_root=shared_data, limit=1)[0]
+    assert he.grader == "code" and he.meta["entry_point"] == "has_close_elements"
+    assert "def check" in he.meta["test"] and he.meta["prompt"] in he.prompt
+
+
+def test_env_data_root(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYRL_DATA", str(shared_data))
+    assert len(load_problems("aime25")) == 30
+    monkeypatch.setenv("RELAYRL_DATA", "/nonexistent")
+    with pytest.raises(RelayError, match="RELAYRL_DATA"):
+        load_problems("aime25")
+
+
+def test_template_override(shared_data: Path) -> None:
+    p = load_problems("aime24", data_root=shared_data, template="Q: {problem}\nA:", limit=1)[0]
+    assert p.prompt.startswith("Q: Every morning") and p.prompt.endswith("A:")
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_user_jsonl_fields_and_errors(tmp_path: Path) -> None:
+    good = _write(
+        tmp_path / "mine.jsonl",
+        [json.dumps({"qid": f"q{i}", "q": "1+1?", "a": "2"}) for i in range(3)],
+    )
+    problems = load_problems(str(good), fields=FieldMap(id="qid", prompt="q", answer="a"))
+    assert [p.id for p in problems] == ["q0", "q1", "q2"] and problems[0].answer == "2"
+
+    rows = [json.dumps({"id": str(i), "prompt": "x", "answer": "1"}) for i in range(6)]
+    bad_json = _write(tmp_path / "bad.jsonl", rows + ["{not json"])
+    with pytest.raises(RelayError, match=r"bad\.jsonl:7: bad JSON"):
+        load_problems(str(bad_json))
+    missing = _write(
+        tmp_path / "missing.jsonl", rows[:5] + [json.dumps({"id": "x", "prompt": "p"})]
+    )
+    with pytest.raises(RelayError, match=r"missing\.jsonl:6: row missing field 'answer'"):
+        load_problems(str(missing))
+    dup = _write(tmp_path / "dup.jsonl", rows[:2] + rows[:1])
+    with pytest.raises(RelayError, match="duplicate id"):
+        load_problems(str(dup))
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(RelayError, match="did you mean 'gsm8k'"):
+        load_problems("gsm8")
+    with pytest.raises(RelayError, match="did you mean 'math500'"):
+        load_problems("math-500")

@@ -1,0 +1,46 @@
+"""Grading pool: errors, timeouts and crashes give 0, are counted, and the pool keeps working."""
+
+from __future__ import annotations
+
+import asyncio
+
+from relayrl.rewards.pool import GradingPool
+from relayrl.tasks.base import Problem
+from tests.rewards._graders import behave
+
+P = Problem("p", "q", "42", "math")
+
+
+def test_raise_hang_crash_are_counted_and_pool_recovers() -> None:
+    with GradingPool(workers=2, timeout_s=2.0, grader=behave) as pool:
+        results = pool.grade_batch([(P, "42"), (P, "raise"), (P, "hang"), (P, "crash"), (P, "41")])
+        assert [r.reward for r in results] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert [r.status for r in results] == ["ok", "error", "timeout", "crash", "ok"]
+        assert "grader bug" in results[1].detail
+        # replaced workers grade again
+        again = pool.grade_batch([(P, "42")] * 4)
+        assert [r.reward for r in again] == [1.0] * 4
+        stats = pool.stats()
+    assert stats["error"] == 1 and stats["timeout"] == 1 and stats["crash"] == 1
+    assert stats["restarts"] == 2 and stats["graded"] == 9 and stats["ok"] == 6
+
+
+def test_async_api() -> None:
+    async def main(pool: GradingPool) -> list[float]:
+        one = await pool.score(P, "42")
+        many = await pool.score_batch([(P, "42"), (P, "7")])
+        return [one.reward] + [r.reward for r in many]
+
+    with GradingPool(workers=1, timeout_s=5.0, grader=behave) as pool:
+        assert asyncio.run(main(pool)) == [1.0, 1.0, 0.0]
+
+
+def test_default_grader_routes_by_problem() -> None:
+    synthetic = Problem("s", "q", "58", "math")  # no meta['math']: strict #### rule
+    bench = Problem("b", "q", "\\frac{1}{2}", "math", {"math": {"modes": ["boxed"]}})
+    with GradingPool(workers=1, timeout_s=30.0) as pool:
+        results = pool.grade_batch(
+            [(synthetic, "#### 58"), (synthetic, "58"), (bench, "so \\boxed{0.5}"), (bench, "0.5")]
+        )
+    assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert results[2].info["method"] == "math_verify"
