@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small workload (< 1 minute)")
     parser.add_argument("--preset", default="small", help="model size preset (default: small)")
     parser.add_argument("--requests", type=int, default=None, help="number of requests")
-    parser.add_argument("--batch", type=int, default=64, help="engine slots = HF batch size")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="engine slots = HF batch size (64; quick: 16)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     n = args.requests or (64 if args.quick else 256)
+    batch = args.batch or (16 if args.quick else 64)
     max_len = 128 if args.quick else 512
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = create_model_dir(
@@ -118,12 +121,12 @@ def run(args: argparse.Namespace) -> int:
     work = make_workload(n, 8, max_len, len(tok), args.seed)
     print(
         f"preset={args.preset} requests={n} lengths=[8,{max_len}] requested_tokens={work.tokens} "
-        f"batch={args.batch} threads={args.threads}"
+        f"batch={batch} threads={args.threads}"
     )
-    t_engine = _bench_engine(model, work, args.batch)
+    t_engine = _bench_engine(model, work, batch)
     engine_tps = work.tokens / t_engine
     print(f"engine_seconds={t_engine:.2f} engine_tokens_per_s={engine_tps:.1f}")
-    t_hf = _bench_hf(model, work, args.batch, tok.pad_token_id)
+    t_hf = _bench_hf(model, work, batch, tok.pad_token_id)
     hf_tps = work.tokens / t_hf
     print(f"hf_generate_seconds={t_hf:.2f} hf_generate_tokens_per_s={hf_tps:.1f}")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
