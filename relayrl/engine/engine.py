@@ -200,7 +200,8 @@ class Engine:
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
         generator = None
         if not params.greedy:
-            generator = torch.Generator(device=self.device)
+            # CPU generators on every device: one host draw per token, no device sync.
+            generator = torch.Generator()
             generator.manual_seed(seed)
         request = _Request(
             rid=rid,

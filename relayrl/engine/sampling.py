@@ -25,7 +25,7 @@ class SamplingBatch:
     temperature: torch.Tensor  # [B] float; 0 rows are greedy
     top_p: torch.Tensor  # [B] float
     top_k: torch.Tensor  # [B] long; -1 = off
-    generators: list[torch.Generator | None]  # None for greedy rows
+    generators: list[torch.Generator | None]  # CPU generators; None for greedy rows
     any_filter: bool
 
 
@@ -60,11 +60,8 @@ def _filtered_sorted(probs: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tens
 
 def _uniforms(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
     """One U[0,1) draw per sampled row from that row's own generator (0 for greedy rows)."""
-    draws = [
-        torch.rand((), generator=g, device=g.device).item() if g is not None else 0.0
-        for g in generators
-    ]
-    return torch.tensor(draws, dtype=torch.float32, device=device)
+    draws = [torch.rand((), generator=g).item() if g is not None else 0.0 for g in generators]
+    return torch.tensor(draws, dtype=torch.float32).to(device)
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

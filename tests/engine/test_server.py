@@ -198,3 +198,21 @@ def test_burst_and_disconnects_leave_no_leaked_requests(served):
     assert stats["num_running"] == stats["num_waiting"] == 0
     assert stats["aborted"] == 8  # the disconnected requests were cut short, not run to the end
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_serve_cli_refuses_public_host_without_key(tiny_model_dir, monkeypatch, capsys):
+    from relayrl.cli import main
+
+    monkeypatch.delenv("RELAYRL_API_KEY", raising=False)
+    assert main(["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0"]) == 2
+    assert "API key" in capsys.readouterr().err
+
+
+def test_bench_workload_is_long_tailed():
+    from relayrl.bench.engine import make_workload
+
+    work = make_workload(256, 8, 512, 300, seed=0)
+    assert len(work.prompts) == len(work.lengths) == 256
+    assert min(work.lengths) >= 8 and max(work.lengths) == 512
+    lengths = sorted(work.lengths)
+    assert lengths[128] < 32 < 256 < lengths[-3]  # short median, a few very long ones
