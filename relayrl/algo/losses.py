@@ -1,0 +1,321 @@
+"""Token-level policy losses: PPO (sync / naive async), decoupled PPO (AReaL), rollout
+importance correction (verl/TRL style), dual clip, KL to a reference policy.
+
+Owns: ``LossConfig``, ``policy_loss`` (the one loss entry point the trainer calls per
+micro-batch), ``loss_normalizer`` (the global normaliser for a whole training step), the KL
+estimators and ``entropy_from_logits``.
+
+Conventions. Every per-token tensor has the same shape: flat ``[T]`` (packed sequences, then
+``seq_ids`` says which sequence each token belongs to) or padded ``[B, L]`` (rows are
+sequences). ``mask`` marks the completion tokens that count. Log-probabilities are natural
+logs of the sampled tokens, under the same temperature on both sides. All importance weights
+are stop-gradient; only ``logprobs`` (π_θ) carries gradient.
+
+Aggregation. ``policy_loss`` returns ``Σ_t c_t · ℓ_t / normalizer`` where the sum runs over
+the masked tokens of the tensors it is given and ``normalizer`` is fixed for the whole
+training step by the caller (``loss_normalizer``). Calling it on each micro-batch and
+accumulating gradients therefore gives exactly the gradient of the whole step, however the
+step was split. Masked-out importance weights (``is_mode="mask"``) zero a token's loss but do
+not change the normaliser, for the same reason.
+
+Imports: torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+LossName = Literal["ppo", "decoupled"]
+ISLevel = Literal["none", "token", "sequence", "geometric"]
+ISMode = Literal["truncate", "mask"]
+KLEstimator = Literal["k1", "k2", "k3"]
+Aggregation = Literal["token_mean", "seq_sum"]
+
+
+def _check_choice(name: str, value: str, literal: object) -> None:
+    allowed = get_args(literal)
+    if value not in allowed:
+        raise ValueError(f"LossConfig.{name}={value!r}; expected one of {allowed}")
+
+
+@dataclass
+class LossConfig:
+    """Knobs of the policy loss.
+
+    - ``loss``: ``"ppo"`` (ratio π_θ/μ; sync PPO at η = 0, naive async "bypass" at η > 0) or
+      ``"decoupled"`` (AReaL: ``w = sg(π_prox/μ)``, ``u = π_θ/π_prox``).
+    - ``eps_low`` / ``eps_high``: clip range ``[1 − eps_low, 1 + eps_high]`` (DAPO
+      clip-higher when ``eps_high > eps_low``).
+    - ``dual_clip``: constant ``c > 1``; for ``A < 0`` the token loss is capped at ``−c·A``.
+    - ``is_level``: how the behaviour weight ``w`` of the decoupled loss is formed:
+      ``"none"`` (token ratio, no cap: AReaL as published), ``"token"``, ``"sequence"``
+      (product of the sequence's token ratios) or ``"geometric"`` (exp of their mean log).
+      Requires ``loss="decoupled"`` unless ``"none"``.
+    - ``is_mode``: ``"truncate"`` (``min(w, is_cap)``) or ``"mask"`` (``w`` zeroed outside
+      ``[is_floor, is_cap]``; ``is_floor=None`` means ``1/is_cap``).
+    - ``kl_coef`` / ``kl_estimator``: KL penalty to a reference policy (off when 0).
+    - ``aggregation``: how ``loss_normalizer`` picks the step's normaliser: ``"token_mean"``
+      (total completion tokens in the step) or ``"seq_sum"`` (Dr.GRPO: sequences × max_len).
+    """
+
+    loss: LossName = "decoupled"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    is_level: ISLevel = "none"
+    is_mode: ISMode = "truncate"
+    is_cap: float = 2.0
+    is_floor: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    aggregation: Aggregation = "token_mean"
+
+    def __post_init__(self) -> None:
+        _check_choice("loss", self.loss, LossName)
+        _check_choice("is_level", self.is_level, ISLevel)
+        _check_choice("is_mode", self.is_mode, ISMode)
+        _check_choice("kl_estimator", self.kl_estimator, KLEstimator)
+        _check_choice("aggregation", self.aggregation, Aggregation)
+        if not (0.0 <= self.eps_low < 1.0 and self.eps_high >= 0.0):
+            raise ValueError("need 0 <= eps_low < 1 and eps_high >= 0")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError("dual_clip must be > 1 (or None)")
+        if self.is_level != "none" and self.loss != "decoupled":
+            raise ValueError("rollout importance correction (is_level) needs loss='decoupled'")
+        if self.is_cap <= 0.0:
+            raise ValueError("is_cap must be > 0")
+        if self.kl_coef < 0.0:
+            raise ValueError("kl_coef must be >= 0")
+
+    @property
+    def floor(self) -> float:
+        """The lower bound of the mask interval."""
+        return 1.0 / self.is_cap if self.is_floor is None else self.is_floor
+
+
+@dataclass
+class LossOutput:
+    """``loss`` = ``loss_sum / normalizer`` (call ``.backward()`` on it per micro-batch);
+    ``stats`` are detached means over this call's masked tokens (weight them by
+    ``num_tokens`` when combining micro-batches; ``*_max`` combine by max)."""
+
+    loss: Tensor
+    loss_sum: Tensor
+    num_tokens: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def loss_normalizer(
+    aggregation: Aggregation, num_tokens: int, num_seqs: int, max_len: int | None = None
+) -> float:
+    """The global normaliser of a training step, computed once before micro-batching.
+
+    ``token_mean``: the number of completion tokens in the whole step. ``seq_sum``
+    (Dr.GRPO): ``num_seqs · max_len`` with ``max_len`` the generation budget, i.e. each
+    sequence's token sum divided by a constant, averaged over the step's sequences.
+    """
+    if aggregation == "token_mean":
+        return float(max(num_tokens, 1))
+    if aggregation == "seq_sum":
+        if max_len is None or max_len <= 0:
+            raise ValueError("seq_sum aggregation needs max_len > 0")
+        return float(max(num_seqs, 1) * max_len)
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) -> Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from sampled tokens (Schulman's k1/k2/k3).
+
+    With ``ρ = log π_ref − log π_θ``: k1 = −ρ, k2 = ρ²/2, k3 = e^ρ − 1 − ρ.
+    """
+    rho = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -rho
+    if estimator == "k2":
+        return 0.5 * rho.square()
+    if estimator == "k3":
+        return torch.expm1(rho) - rho
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax over the last dimension, one value per position."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def sequence_index(shape: torch.Size, seq_ids: Tensor | None, device: torch.device) -> Tensor:
+    """Flat ``[T]`` sequence index per token: ``seq_ids`` if given, else the row of a
+    padded ``[B, L]`` tensor."""
+    if seq_ids is not None:
+        if seq_ids.shape != shape:
+            raise ValueError(f"seq_ids shape {tuple(seq_ids.shape)} != {tuple(shape)}")
+        return seq_ids.reshape(-1).long().to(device)
+    if len(shape) == 2:
+        rows = torch.arange(shape[0], device=device)
+        return rows[:, None].expand(shape[0], shape[1]).reshape(-1)
+    raise ValueError("flat tensors need seq_ids for sequence-level quantities")
+
+
+def per_sequence_sum(values: Tensor, seq: Tensor) -> Tensor:
+    """Sum of flat ``values`` per sequence index (``[num_seqs]``)."""
+    n = int(seq.max().item()) + 1 if seq.numel() else 0
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, seq, values)
+
+
+def _log_weights_at_level(log_w: Tensor, m: Tensor, level: ISLevel, seq: Tensor | None) -> Tensor:
+    """Per-token log importance weight at the requested level (flat tensors)."""
+    if level in ("none", "token"):
+        return log_w
+    assert seq is not None
+    total = per_sequence_sum(log_w * m, seq)
+    if level == "sequence":
+        return total[seq]
+    count = per_sequence_sum(m, seq).clamp(min=1.0)
+    return (total / count)[seq]
+
+
+def _behaviour_weights(
+    log_w: Tensor, m: Tensor, cfg: LossConfig, seq: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(weight used in the loss, raw weight, keep mask) — all detached, flat."""
+    raw = torch.exp(_log_weights_at_level(log_w, m, cfg.is_level, seq))
+    keep = torch.ones_like(m, dtype=torch.bool)
+    if cfg.is_level == "none":
+        return raw, raw, keep
+    if cfg.is_mode == "truncate":
+        return raw.clamp(max=cfg.is_cap), raw, keep
+    keep = (raw >= cfg.floor) & (raw <= cfg.is_cap)
+    return torch.where(keep, raw, torch.zeros_like(raw)), raw, keep
+
+
+def _clipped_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """−min(r·A, clip(r)·A), dual-clipped for A < 0; with 'clip' and 'dual' indicators."""
+    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    unclipped_loss = -ratio * adv
+    clipped_loss = -clipped * adv
+    loss = torch.maximum(unclipped_loss, clipped_loss)
+    clip_hit = clipped_loss > unclipped_loss
+    dual_hit = torch.zeros_like(clip_hit)
+    if cfg.dual_clip is not None:
+        cap = -cfg.dual_clip * adv
+        dual_hit = (adv < 0) & (loss > cap)
+        loss = torch.where(dual_hit, cap, loss)
+    return loss, clip_hit, dual_hit
+
+
+def _masked_mean(x: Tensor, m: Tensor, n: int) -> float:
+    return float((torch.where(m > 0, x, torch.zeros_like(x)).sum() / max(n, 1)).item())
+
+
+def _masked_max(x: Tensor, m: Tensor) -> float:
+    sel = x[m > 0]
+    return float(sel.max().item()) if sel.numel() else 0.0
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behav_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: LossConfig,
+    normalizer: float,
+    *,
+    prox_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+    token_coef: Tensor | None = None,
+    log_is_weight: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
+    """The policy loss of one (micro-)batch, ``Σ_t c_t · ℓ_t / normalizer`` over masked tokens.
+
+    Per token, with ``clip(x) = clip(x, 1 − eps_low, 1 + eps_high)``:
+
+    - ``ppo``: ``ℓ = −min(r·A, clip(r)·A)``, ``r = π_θ/μ``.
+    - ``decoupled``: ``ℓ = −w · min(u·A, clip(u)·A)``, ``u = π_θ/π_prox``,
+      ``w = sg(π_prox/μ)`` formed at ``cfg.is_level`` and truncated or masked by
+      ``cfg.is_mode``. ``log_is_weight`` (per token, detached) replaces ``log(π_prox/μ)``,
+      e.g. with the balance-heuristic weight of ``relayrl.algo.darl``.
+    - dual clip: for ``A < 0`` the clipped term ``−min(·)`` is capped at ``−c·A``.
+    - KL: ``+ kl_coef · k(π_θ, π_ref)`` when ``kl_coef > 0`` (needs ``ref_logprobs``).
+
+    ``advantages`` is per token (broadcast each sequence's advantage over its tokens).
+    ``token_coef`` (detached, default 1) multiplies each token's loss: the D-ARL
+    multi-behaviour coefficient ``α_k/N_k`` (then ``normalizer=1``).
+    ``entropy`` is optional, for stats only: token entropies of ``mask``'s shape, or logits
+    with an extra vocabulary dimension.
+    """
+    shape = mask.shape
+    for name, t in (
+        ("logprobs", logprobs),
+        ("behav_logprobs", behav_logprobs),
+        ("advantages", advantages),
+    ):
+        if t.shape != shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != mask shape {tuple(shape)}")
+    if cfg.loss == "decoupled" and prox_logprobs is None:
+        raise ValueError("the decoupled loss needs prox_logprobs")
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if normalizer <= 0:
+        raise ValueError("normalizer must be > 0")
+
+    m = mask.reshape(-1).to(logprobs.dtype)
+    on = m > 0
+
+    def flat(t: Tensor) -> Tensor:  # zero padding so garbage there never leaks (NaN·0)
+        t = t.reshape(-1).to(logprobs.dtype)
+        return torch.where(on, t, torch.zeros_like(t))
+
+    logp, behav, adv = flat(logprobs), flat(behav_logprobs).detach(), flat(advantages).detach()
+    n_tok = int(on.sum().item())
+    stats: dict[str, float] = {"n_tokens": float(n_tok)}
+
+    if cfg.loss == "ppo":
+        ratio = torch.exp(logp - behav)
+        weight = torch.ones_like(logp)
+        anchor = logp.detach()  # for the behaviour KL stat: current policy vs μ
+    else:
+        assert prox_logprobs is not None
+        prox = flat(prox_logprobs).detach()
+        ratio = torch.exp(logp - prox)
+        log_w = flat(log_is_weight).detach() if log_is_weight is not None else prox - behav
+        seq = None
+        if cfg.is_level in ("sequence", "geometric"):
+            seq = sequence_index(shape, seq_ids, m.device)
+        weight, raw, keep = _behaviour_weights(log_w, m, cfg, seq)
+        anchor = prox
+        stats["is_weight_mean"] = _masked_mean(raw, m, n_tok)
+        stats["is_weight_max"] = _masked_max(raw, m)
+        if cfg.is_level != "none" and cfg.is_mode == "truncate":
+            stats["is_truncated_frac"] = _masked_mean((raw > cfg.is_cap).to(m.dtype), m, n_tok)
+        if cfg.is_level != "none" and cfg.is_mode == "mask":
+            stats["is_masked_frac"] = _masked_mean((~keep).to(m.dtype), m, n_tok)
+
+    pg, clip_hit, dual_hit = _clipped_loss(ratio, adv, cfg)
+    per_token = weight * pg
+    if cfg.kl_coef > 0:
+        assert ref_logprobs is not None
+        kl = kl_estimate(logp, flat(ref_logprobs).detach(), cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * kl
+        stats["kl_ref"] = _masked_mean(kl.detach(), m, n_tok)
+    if token_coef is not None:
+        per_token = per_token * flat(token_coef).detach()
+    per_token = torch.where(on, per_token, torch.zeros_like(per_token))
+    loss_sum = per_token.sum()
+
+    log_rho = anchor - behav
+    stats["behav_kl_k3"] = _masked_mean(torch.expm1(log_rho) - log_rho, m, n_tok)
+    stats["ratio_mean"] = _masked_mean(ratio.detach(), m, n_tok)
+    stats["clip_frac"] = _masked_mean(clip_hit.to(m.dtype), m, n_tok)
+    if cfg.dual_clip is not None:
+        stats["dual_clip_frac"] = _masked_mean(dual_hit.to(m.dtype), m, n_tok)
+    if entropy is not None:
+        ent = entropy_from_logits(entropy) if entropy.dim() == len(shape) + 1 else entropy
+        stats["entropy"] = _masked_mean(flat(ent.detach()), m, n_tok)
+    return LossOutput(loss=loss_sum / normalizer, loss_sum=loss_sum, num_tokens=n_tok, stats=stats)
