@@ -1,0 +1,324 @@
+"""D-ARL mathematics, as relayrl defines it (see docs/darl.md; the paper's code is not
+public, so these definitions are ours).
+
+Owns:
+
+- ``variance_scores``: per-candidate score ``s = mean_t (w_t − 1)²``, ``w_t = π_prox/μ``.
+- ``select_distribution_matched``: keep stale candidates whose score is within the
+  freshest version's q-quantile (or under an absolute threshold).
+- ``effective_sample_size`` / ``policy_weights``: ``ESS = (Σw)²/Σw²`` and
+  ``α_k = ESS_k / Σ_j ESS_j``.
+- ``behaviour_plan`` / ``multi_behaviour_loss``: ``L = Σ_k α_k L_k`` with ``L_k`` the
+  decoupled loss token-mean over the tokens of behaviour version k, written as per-token
+  coefficients ``α_k / N_k`` so that it can be accumulated over micro-batches.
+- ``balance_heuristic_logweights``: the multiple-importance-sampling balance heuristic.
+
+All importance weights are stop-gradient. Imports: torch and ``relayrl.algo.losses``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from relayrl.algo.losses import (
+    LossConfig,
+    LossOutput,
+    per_sequence_sum,
+    policy_loss,
+    sequence_index,
+)
+
+Weighting = Literal["ess", "uniform", "balance"]
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def variance_scores(
+    prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, seq_ids: Tensor | None = None
+) -> Tensor:
+    """``s = mean_t (w_t − 1)²`` per sequence, ``w_t = π_prox/μ`` over its masked tokens.
+
+    Equal to ``Var_t(w) + (mean_t(w) − 1)²`` (population variance): an estimate of the χ²
+    divergence that sets the variance of importance sampling; 0 for a sample drawn from
+    π_prox itself. Padded ``[B, L]`` inputs give ``[B]``; flat inputs need ``seq_ids``.
+    A sequence without tokens scores 0. Returned in float64, detached.
+    """
+    if not (prox_logprobs.shape == behav_logprobs.shape == mask.shape):
+        raise ValueError("prox_logprobs, behav_logprobs and mask must have one shape")
+    m = mask.to(torch.float64)
+    log_w = prox_logprobs.detach().double() - behav_logprobs.detach().double()
+    sq_dev = torch.where(m > 0, torch.expm1(torch.where(m > 0, log_w, 0.0)), 0.0).square()
+    if seq_ids is None and mask.dim() == 2:
+        num, count = sq_dev.sum(dim=-1), m.sum(dim=-1)
+    else:
+        seq = sequence_index(mask.shape, seq_ids, m.device)
+        num = per_sequence_sum(sq_dev.reshape(-1), seq)
+        count = per_sequence_sum(m.reshape(-1), seq)
+    return num / count.clamp(min=1.0)
+
+
+@dataclass
+class VersionSelection:
+    """Selection outcome for one behaviour version."""
+
+    count: int
+    kept: int
+    mean_score: float
+
+    @property
+    def kept_frac(self) -> float:
+        return self.kept / self.count if self.count else 0.0
+
+
+@dataclass
+class SelectionResult:
+    """``keep[i]`` for candidate i; ``cutoff`` is the score bound applied to stale candidates
+    (``inf`` when no selection was asked for)."""
+
+    keep: list[bool]
+    reference_version: int | None
+    cutoff: float
+    per_version: dict[int, VersionSelection] = field(default_factory=dict)
+
+    def log_stats(self) -> dict[str, float]:
+        """Flat metrics: kept fraction and mean score per version."""
+        out: dict[str, float] = {"select/cutoff": self.cutoff}
+        for v, s in sorted(self.per_version.items()):
+            out[f"select/kept_frac/v{v}"] = s.kept_frac
+            out[f"select/mean_score/v{v}"] = s.mean_score
+        return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default, ``torch.quantile``'s ``linear``)."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def select_distribution_matched(
+    scores: Sequence[float] | Tensor,
+    versions: Sequence[int],
+    quantile: float | None = None,
+    threshold: float | None = None,
+) -> SelectionResult:
+    """Variance-guided selection of distribution-matched candidates.
+
+    The reference distribution is the scores of the candidates of the freshest (largest)
+    behaviour version present. Those are always kept; a stale candidate is kept when its
+    score is ≤ the reference's ``quantile`` (in [0, 1]) or, instead, ≤ ``threshold``.
+    Give at most one of the two; with neither every candidate is kept (no selection).
+    """
+    score_list = [float(s) for s in (scores.tolist() if isinstance(scores, Tensor) else scores)]
+    if len(score_list) != len(versions):
+        raise ValueError(f"{len(score_list)} scores but {len(versions)} versions")
+    if quantile is not None and threshold is not None:
+        raise ValueError("give quantile or threshold, not both")
+    if quantile is not None and not 0.0 <= quantile <= 1.0:
+        raise ValueError("quantile must be in [0, 1]")
+    if not versions:
+        return SelectionResult(keep=[], reference_version=None, cutoff=math.inf)
+
+    fresh = max(versions)
+    cutoff = math.inf
+    if quantile is not None:
+        cutoff = _quantile(
+            [s for s, v in zip(score_list, versions, strict=True) if v == fresh], quantile
+        )
+    elif threshold is not None:
+        cutoff = threshold
+    keep = [v == fresh or s <= cutoff for s, v in zip(score_list, versions, strict=True)]
+
+    per_version: dict[int, VersionSelection] = {}
+    for v in sorted(set(versions)):
+        idx = [i for i, vi in enumerate(versions) if vi == v]
+        per_version[v] = VersionSelection(
+            count=len(idx),
+            kept=sum(keep[i] for i in idx),
+            mean_score=sum(score_list[i] for i in idx) / len(idx),
+        )
+    return SelectionResult(
+        keep=keep, reference_version=fresh, cutoff=cutoff, per_version=per_version
+    )
+
+
+# ------------------------------------------------------------------- policy-level weights
+
+
+def effective_sample_size(w: Tensor, mask: Tensor | None = None) -> float:
+    """Kish's effective sample size ``(Σw)² / Σw²`` of non-negative weights (0 if empty)."""
+    w = w.detach().double().reshape(-1)
+    if mask is not None:
+        w = w[mask.reshape(-1) > 0]
+    den = w.square().sum()
+    return float((w.sum().square() / den).item()) if den > 0 else 0.0
+
+
+def effective_sample_size_from_log(log_w: Tensor, mask: Tensor | None = None) -> float:
+    """The same ESS from log-weights, shifted by their max first so it never overflows."""
+    lw = log_w.detach().double().reshape(-1)
+    if mask is not None:
+        lw = lw[mask.reshape(-1) > 0]
+    if lw.numel() == 0:
+        return 0.0
+    return effective_sample_size(torch.exp(lw - lw.max()))
+
+
+def policy_weights(ess_by_version: Mapping[int, float]) -> dict[int, float]:
+    """``α_k = ESS_k / Σ_j ESS_j``; uniform when every ESS is 0."""
+    if not ess_by_version:
+        return {}
+    total = sum(ess_by_version.values())
+    if total <= 0:
+        return {k: 1.0 / len(ess_by_version) for k in ess_by_version}
+    return {k: e / total for k, e in ess_by_version.items()}
+
+
+# ----------------------------------------------------------------- multi-behaviour loss
+
+
+@dataclass
+class BehaviourPlan:
+    """Per-version weights of the multi-behaviour loss for one whole training step.
+
+    ``coef_by_version[k] = α_k / N_k`` with ``N_k`` the masked token count of version k over
+    the step; ``token_coef`` turns it into the per-token ``token_coef`` of
+    ``relayrl.algo.losses.policy_loss`` (with ``normalizer=1``). Summed over any split of
+    the step into micro-batches, ``Σ_t (α_k/N_k) ℓ_t = Σ_k α_k L_k``.
+    """
+
+    alphas: dict[int, float]
+    ess: dict[int, float]
+    token_counts: dict[int, int]
+    coef_by_version: dict[int, float]
+
+    def token_coef(self, version_ids: Tensor, mask: Tensor) -> Tensor:
+        """Per-token coefficient (0 on masked-out tokens), same shape as ``mask``."""
+        coef = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
+        for k, c in self.coef_by_version.items():
+            coef = torch.where((version_ids == k) & (mask > 0), torch.full_like(coef, c), coef)
+        return coef
+
+    def log_stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k in sorted(self.alphas):
+            out[f"mbpo/alpha/v{k}"] = self.alphas[k]
+            out[f"mbpo/ess/v{k}"] = self.ess[k]
+            out[f"mbpo/tokens/v{k}"] = float(self.token_counts[k])
+        return out
+
+
+def behaviour_plan(
+    prox_logprobs: Tensor,
+    behav_logprobs: Tensor,
+    mask: Tensor,
+    version_ids: Tensor,
+    weighting: Weighting = "ess",
+) -> BehaviourPlan:
+    """Compute ``α_k`` and ``α_k / N_k`` over every token of the step (pass all of them,
+    e.g. flat concatenations, before splitting into micro-batches).
+
+    Tokens are grouped by ``version_ids`` (the version of the weights that produced each
+    token, ``Trajectory.versions``; pass the trajectory's ``oldest_version`` broadcast to
+    group by sample instead). ``weighting``:
+
+    - ``"ess"``: ``α_k = ESS_k / Σ_j ESS_j``, ``ESS_k`` over group k's raw token weights
+      ``w_t = π_prox/μ`` (before any truncation).
+    - ``"uniform"``: ``α_k = 1/K`` over the K versions present.
+    - ``"balance"``: one pooled estimate, ``α_k = N_k / N`` so every token gets ``1/N``; use
+      it with ``log_is_weight`` from ``balance_heuristic_logweights``.
+    """
+    if not (prox_logprobs.shape == behav_logprobs.shape == mask.shape == version_ids.shape):
+        raise ValueError("prox_logprobs, behav_logprobs, mask and version_ids need one shape")
+    on = mask.reshape(-1) > 0
+    vids = version_ids.reshape(-1)[on]
+    log_w = (prox_logprobs.detach().double() - behav_logprobs.detach().double()).reshape(-1)[on]
+    versions = sorted(int(v) for v in torch.unique(vids).tolist())
+    counts = {k: int((vids == k).sum().item()) for k in versions}
+    ess = {k: effective_sample_size_from_log(log_w[vids == k]) for k in versions}
+    if weighting == "ess":
+        alphas = policy_weights(ess)
+    elif weighting == "uniform":
+        alphas = {k: 1.0 / len(versions) for k in versions}
+    elif weighting == "balance":
+        total = sum(counts.values())
+        alphas = {k: counts[k] / total for k in versions}
+    else:
+        raise ValueError(f"unknown weighting {weighting!r}")
+    coef = {k: alphas[k] / counts[k] for k in versions}
+    return BehaviourPlan(alphas=alphas, ess=ess, token_counts=counts, coef_by_version=coef)
+
+
+def multi_behaviour_loss(
+    logprobs: Tensor,
+    prox_logprobs: Tensor,
+    behav_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    version_ids: Tensor,
+    cfg: LossConfig,
+    *,
+    weighting: Weighting = "ess",
+    plan: BehaviourPlan | None = None,
+    seq_ids: Tensor | None = None,
+    log_is_weight: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> tuple[LossOutput, BehaviourPlan]:
+    """``L = Σ_k α_k L_k``, ``L_k`` the decoupled loss token-mean over version k's tokens.
+
+    Without ``plan``, the plan is computed from these tensors (the whole step in one
+    batch). For micro-batches, compute ``plan = behaviour_plan(...)`` once over the step
+    and pass it with each micro-batch: the micro-batch losses then sum to ``L``.
+    """
+    if cfg.loss != "decoupled":
+        raise ValueError("the multi-behaviour loss is built on loss='decoupled'")
+    if plan is None:
+        plan = behaviour_plan(prox_logprobs, behav_logprobs, mask, version_ids, weighting)
+    out = policy_loss(
+        logprobs,
+        behav_logprobs,
+        advantages,
+        mask,
+        cfg,
+        1.0,
+        prox_logprobs=prox_logprobs,
+        ref_logprobs=ref_logprobs,
+        seq_ids=seq_ids,
+        token_coef=plan.token_coef(version_ids, mask),
+        log_is_weight=log_is_weight,
+        entropy=entropy,
+    )
+    return out, plan
+
+
+# -------------------------------------------------------------------- balance heuristic
+
+
+def balance_heuristic_logweights(
+    prox_seq_logprob: Tensor, behav_seq_logprobs: Tensor, counts: Sequence[int] | Tensor
+) -> Tensor:
+    """``log w_i = log π_prox(y_i) − log Σ_k (n_k/N) μ_k(y_i)``, in log space (logsumexp).
+
+    ``prox_seq_logprob``: ``[N]`` sequence log-probabilities under π_prox;
+    ``behav_seq_logprobs``: ``[K, N]``, every sample scored under each of the last K
+    behaviour policies; ``counts``: ``n_k``, how many of the N samples version k produced
+    (``N = Σ n_k``). A version with ``n_k = 0`` drops out. Detached.
+    """
+    behav = behav_seq_logprobs.detach().double()
+    if behav.dim() != 2 or behav.shape[1] != prox_seq_logprob.shape[-1]:
+        raise ValueError("behav_seq_logprobs must be [K, N] with N = len(prox_seq_logprob)")
+    n = torch.as_tensor(counts, dtype=torch.float64, device=behav.device).reshape(-1)
+    if n.numel() != behav.shape[0] or bool((n < 0).any()) or float(n.sum()) <= 0:
+        raise ValueError("counts must be K non-negative numbers with a positive sum")
+    log_mix = torch.logsumexp(torch.log(n / n.sum())[:, None] + behav, dim=0)
+    return prox_seq_logprob.detach().double() - log_mix
