@@ -110,6 +110,7 @@ def select_distribution_matched(
     versions: Sequence[int],
     quantile: float | None = None,
     threshold: float | None = None,
+    reference_version: int | None = None,
 ) -> SelectionResult:
     """Variance-guided selection of distribution-matched candidates.
 
@@ -117,6 +118,12 @@ def select_distribution_matched(
     behaviour version present. Those are always kept; a stale candidate is kept when its
     score is ≤ the reference's ``quantile`` (in [0, 1]) or, instead, ≤ ``threshold``.
     Give at most one of the two; with neither every candidate is kept (no selection).
+
+    ``reference_version`` overrides "freshest present" (candidates of that version or
+    newer are kept, the quantile is taken over that version's scores). Use it when some
+    candidates are exactly on-policy (version == trainer version): their scores are only
+    engine/trainer numerical noise, and a quantile of noise would reject nearly all stale
+    data. See docs/darl.md.
     """
     score_list = [float(s) for s in (scores.tolist() if isinstance(scores, Tensor) else scores)]
     if len(score_list) != len(versions):
@@ -128,15 +135,16 @@ def select_distribution_matched(
     if not versions:
         return SelectionResult(keep=[], reference_version=None, cutoff=math.inf)
 
-    fresh = max(versions)
+    fresh = max(versions) if reference_version is None else reference_version
     cutoff = math.inf
     if quantile is not None:
-        cutoff = _quantile(
-            [s for s, v in zip(score_list, versions, strict=True) if v == fresh], quantile
-        )
+        ref = [s for s, v in zip(score_list, versions, strict=True) if v == fresh]
+        if not ref:
+            raise ValueError(f"no candidate of the reference version {fresh}")
+        cutoff = _quantile(ref, quantile)
     elif threshold is not None:
         cutoff = threshold
-    keep = [v == fresh or s <= cutoff for s, v in zip(score_list, versions, strict=True)]
+    keep = [v >= fresh or s <= cutoff for s, v in zip(score_list, versions, strict=True)]
 
     per_version: dict[int, VersionSelection] = {}
     for v in sorted(set(versions)):

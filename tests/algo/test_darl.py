@@ -89,6 +89,19 @@ def test_select_quantile_extremes_and_no_selection() -> None:
         select_distribution_matched(scores, versions, quantile=0.5, threshold=0.1)
 
 
+def test_select_with_explicit_reference_version() -> None:
+    # version 4 is on-policy (scores are numerical noise); reference = version 3
+    versions = [4, 4, 3, 3, 3, 2, 2]
+    scores = [1e-9, 2e-9, 0.1, 0.2, 0.3, 0.25, 0.35]
+    default = select_distribution_matched(scores, versions, quantile=0.5)
+    assert default.keep == [True, True, False, False, False, False, False]
+    res = select_distribution_matched(scores, versions, quantile=0.5, reference_version=3)
+    assert res.cutoff == pytest.approx(0.2)
+    assert res.keep == [True, True, True, True, True, False, False]
+    with pytest.raises(ValueError):
+        select_distribution_matched(scores, versions, quantile=0.5, reference_version=9)
+
+
 # ------------------------------------------------------------------ ESS and alphas
 
 
