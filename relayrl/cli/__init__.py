@@ -15,6 +15,8 @@ from relayrl.errors import RelayError
 
 # command name -> module under relayrl.cli
 COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "sft": "sft",
     "serve": "serve",
     "bench": "bench",
     "grade": "grade",

@@ -49,8 +49,12 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
     return model.to(device).eval()
 
 
+PLAIN_TEMPLATE = "{prompt}\n"
+
+
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids for a user prompt: the chat template when the tokenizer has one."""
+    """Token ids for a user prompt: the chat template when the tokenizer has one, otherwise
+    the plain template (the prompt and a newline, after which the completion starts)."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -58,4 +62,5 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
         if isinstance(ids, dict):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    text = PLAIN_TEMPLATE.format(prompt=prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

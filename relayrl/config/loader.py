@@ -1,0 +1,202 @@
+"""Load a run config: YAML file + dotted overrides (``optim.lr=1e-4``) -> validated RunConfig.
+
+Errors name the file (and line), the key, the value and what was expected; unknown keys get
+the nearest valid key as a suggestion.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from relayrl.config.schema import RunConfig
+from relayrl.errors import RelayError
+
+
+def _section_class(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _is_free_mapping(annotation: Any) -> bool:
+    return annotation is dict or typing.get_origin(annotation) is dict
+
+
+def valid_keys(schema: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    """Every dotted key the schema accepts (sections and leaves)."""
+    keys = []
+    for name, field in schema.model_fields.items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        section = _section_class(field.annotation)
+        if section is not None:
+            keys.extend(valid_keys(section, dotted + "."))
+    return keys
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.5)
+    if not close:  # compare the last segment within the same section
+        parent, _, leaf = key.rpartition(".")
+        siblings = [k for k in valid_keys() if k.rpartition(".")[0] == parent]
+        leaf_match = difflib.get_close_matches(
+            leaf, [s.rpartition(".")[2] for s in siblings], n=1, cutoff=0.5
+        )
+        close = [f"{parent}.{leaf_match[0]}" if parent else leaf_match[0]] if leaf_match else []
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _check_keys(data: dict, schema: type[BaseModel], prefix: str, where) -> None:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        field = schema.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            raise RelayError(f"{where(dotted)}unknown config key '{dotted}'{_suggest(dotted)}")
+        section = _section_class(field.annotation)
+        if section is not None:
+            if not isinstance(value, dict):
+                raise RelayError(
+                    f"{where(dotted)}config key '{dotted}' must be a mapping of "
+                    f"{section.__name__} fields, got {value!r}"
+                )
+            _check_keys(value, section, dotted + ".", where)
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """1-based line of every dotted key in a YAML document."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                dotted = f"{prefix}{key_node.value}"
+                lines[dotted] = key_node.start_mark.line + 1
+                walk(value_node, dotted + ".")
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
+    p = Path(path)
+    if not p.is_file():
+        hint = " (a KEY=VALUE override must come after the config file)" if "=" in str(p) else ""
+        raise RelayError(f"config file '{p}' not found; expected a YAML file (see configs/){hint}")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+        lines = _key_lines(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RelayError(f"config file '{p}' is not valid YAML{where}: {problem}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RelayError(
+            f"config file '{p}' must hold a mapping of keys, got {type(data).__name__}"
+        )
+    return data, lines
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RelayError(f"bad override {text!r}; expected KEY=VALUE, e.g. sft.lr=1e-3")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return " or ".join(_describe(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _field_annotation(loc: tuple) -> Any:
+    schema: type[BaseModel] | None = RunConfig
+    annotation = None
+    for part in loc:
+        if schema is None or not isinstance(part, str) or part not in schema.model_fields:
+            break
+        annotation = schema.model_fields[part].annotation
+        schema = _section_class(annotation)
+    return annotation
+
+
+def _validation_message(exc: ValidationError, where) -> str:
+    messages = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if isinstance(p, str))
+        dotted = ".".join(loc)
+        expected = _describe(_field_annotation(loc))
+        messages.append(
+            f"{where(dotted)}config key '{dotted}' = {err.get('input')!r} is invalid: "
+            f"{err['msg']} (expected {expected})"
+        )
+    return "\n".join(messages)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read ``path`` (or the defaults), apply ``overrides`` and validate."""
+    data, lines = read_yaml(path) if path is not None else ({}, {})
+    override_keys: set[str] = set()
+
+    def where(dotted: str) -> str:
+        if dotted in override_keys:
+            return f"override '{dotted}': "
+        if path is not None:
+            line = lines.get(dotted)
+            return f"{path}:{line}: " if line else f"{path}: "
+        return ""
+
+    _check_keys(data, RunConfig, "", where)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        override_keys.add(key)
+        _check_keys(_nest(key, value), RunConfig, "", lambda _, k=key: f"override '{k}': ")
+        _set_dotted(data, key, value)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise RelayError(_validation_message(exc, where)) from None
+
+
+def _nest(key: str, value: Any) -> dict:
+    nested: dict = {}
+    _set_dotted(nested, key, value)
+    return nested
+
+
+def save_config(config: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

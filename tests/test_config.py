@@ -1,0 +1,105 @@
+import pytest
+
+from relayrl.cli import main
+from relayrl.config.loader import load_config, valid_keys
+from relayrl.config.schema import RunConfig
+from relayrl.errors import RelayError
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, ["sft.lr=1e-4", "task.params.max_steps=4", "name=x"])
+    assert cfg.sft.lr == pytest.approx(1e-4)  # YAML reads 1e-4 as a string; pydantic coerces
+    assert cfg.task.params == {"max_steps": 4}
+    assert cfg.name == "x"
+    assert cfg.model.preset == RunConfig().model.preset
+
+
+def test_yaml_file_then_override_wins(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: a\nsft:\n  lr: 0.5\n  steps: 7\n")
+    cfg = load_config(path, ["sft.steps=9"])
+    assert (cfg.name, cfg.sft.lr, cfg.sft.steps) == ("a", 0.5, 9)
+
+
+def test_unknown_key_suggests_nearest(tmp_path):
+    with pytest.raises(RelayError, match=r"unknown config key 'sft.lrr'; did you mean 'sft.lr'"):
+        load_config(None, ["sft.lrr=1"])
+    path = tmp_path / "run.yaml"
+    path.write_text("name: a\nsft:\n  lr: 1\n  stpes: 3\n")
+    with pytest.raises(
+        RelayError,
+        match=r"run.yaml:4: unknown config key 'sft.stpes'; "
+        r"did you mean 'sft.steps'",
+    ):
+        load_config(path)
+
+
+def test_wrong_type_names_key_value_and_type(tmp_path):
+    with pytest.raises(RelayError) as err:
+        load_config(None, ["sft.lr=abc"])
+    message = str(err.value)
+    assert "override 'sft.lr'" in message and "'abc'" in message and "expected float" in message
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  preset: huge\n")
+    with pytest.raises(
+        RelayError,
+        match=r"run.yaml:2: config key 'model.preset' = 'huge'.*"
+        r"expected one of 'tiny', 'small', 'medium'",
+    ):
+        load_config(path)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(RelayError, match="config file '.*nope.yaml' not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sft:\n  lr: [1\n")
+    with pytest.raises(RelayError, match=r"not valid YAML at line \d+"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(RelayError, match="must hold a mapping"):
+        load_config(scalar)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(RelayError, match="expected KEY=VALUE"):
+        load_config(None, ["sft.lr"])
+    with pytest.raises(RelayError, match="'model' must be a mapping"):
+        load_config(None, ["model=3"])
+
+
+def test_valid_keys_cover_every_section():
+    keys = valid_keys()
+    for section in ("task", "model", "sft", "eval", "runtime"):
+        assert section in keys
+    assert "sft.wrong_fraction" in keys
+
+
+def test_shipped_configs_validate():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert configs, "configs/ must ship at least one preset"
+    for path in configs:
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["sft", "missing.yaml"], "config file 'missing.yaml' not found"),
+        (["demo", "optim.lr=abc"], "unknown config key 'optim'"),
+        (["demo", "sft.lr=abc"], "expected float"),
+        (["demo", "task.name=sudoku"], "unknown task 'sudoku'"),
+        (["demo", "model.path=/nonexistent/model"], "is not a directory"),
+    ],
+)
+def test_cli_errors_are_one_clear_line(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code != 0
+    assert fragment in err
+    assert "Traceback" not in err
+    assert err.startswith("error: ")
