@@ -68,6 +68,117 @@ class RuntimeConfig(Section):
     debug: bool = False
 
 
+# --------------------------------------------------------------------------- RL sections
+# Owned by `relayrl train` (relayrl/train/rl.py, relayrl/rollout/controller.py); see
+# docs/async.md for how they interact (admission bound, publication, thread budget).
+
+
+class RolloutConfig(Section):
+    n_samples: int = Field(8, gt=0, description="completions per prompt (one group)")
+    prompts_per_step: int = Field(
+        8, gt=0, description="B: groups (prompts) per training step; a step trains B·n samples"
+    )
+    max_new_tokens: int = Field(96, gt=0, description="generation budget per completion")
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature; the trainer uses the same T for logprobs"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1 = off, exact RL)")
+    eta: int = Field(
+        4,
+        ge=0,
+        description="staleness bound η: no sample is trained more than η versions after the "
+        "oldest weights that produced it (0 = synchronous RL)",
+    )
+    concurrency: int = Field(
+        0,
+        ge=0,
+        description="max requests in flight from the controller (0 = only the η bound limits)",
+    )
+    num_servers: int = Field(1, gt=0, description="rollout server processes")
+    server_threads: int = Field(1, gt=0, description="torch threads of each rollout server")
+    max_running_requests: int = Field(
+        128, gt=0, description="KV slots (concurrently decoded requests) per server"
+    )
+    server_mode: Literal["process", "thread"] = Field(
+        "process",
+        description="process: `relayrl serve` children (the real path); thread: in-process "
+        "servers (tests, debugging)",
+    )
+    dataset: str | None = Field(
+        None,
+        description="train prompts from a dataset (known name, .jsonl/.parquet path or "
+        "hub:<name>) instead of the synthetic task's train split",
+    )
+    reward_workers: int = Field(1, gt=0, description="grading processes")
+    reward_timeout_s: float = Field(10.0, gt=0, description="per-sample grading timeout")
+    startup_timeout_s: float = Field(120.0, gt=0, description="wait for servers to be healthy")
+
+
+class AlgoConfig(Section):
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp_baseline"] = Field(
+        "grpo", description="group advantage estimator"
+    )
+    loss: Literal["ppo", "decoupled"] = Field(
+        "decoupled",
+        description="ppo: ratio π_θ/μ (sync PPO at η=0, naive async above); decoupled: AReaL's "
+        "w·min(u·A, clip(u)·A) with u = π_θ/π_prox, w = π_prox/μ",
+    )
+    eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
+    is_level: Literal["none", "token", "sequence", "geometric"] = Field(
+        "none", description="rollout importance correction of w (decoupled loss only)"
+    )
+    is_mode: Literal["truncate", "mask"] = Field("truncate", description="truncate or mask w")
+    is_cap: float = Field(2.0, gt=0, description="upper bound C of the importance weight")
+    is_floor: float | None = Field(None, description="lower bound for mask mode (null = 1/C)")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token_mean", "seq_sum"] = Field(
+        "token_mean", description="global normaliser of the step (seq_sum: Dr.GRPO)"
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO soft overlong penalty ramp length in tokens (0 = off)"
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="magnitude of the overlong penalty")
+    dynamic_sampling: bool = Field(
+        True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
+    )
+
+
+class OptimConfig(Section):
+    lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(2, ge=0, description="linear warm-up steps")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="learning-rate schedule after warm-up"
+    )
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
+    micro_batch_tokens: int = Field(
+        8192, gt=0, description="token budget of one micro-batch (dynamic batching)"
+    )
+
+
+class TrainConfig(Section):
+    total_steps: int = Field(40, gt=0, description="optimizer steps (trainer versions)")
+    publish_every: int = Field(
+        1, gt=0, description="publish weights to the servers every k steps (capped at η + 1)"
+    )
+    eval_every: int = Field(0, ge=0, description="held-out pass@1 every N steps (0 = end only)")
+    eval_problems: int = Field(
+        200, gt=0, description="held-out problems per evaluation (eval.* sets the sampling)"
+    )
+    trainer_threads: int = Field(1, gt=0, description="torch threads of the trainer process")
+    weights_dir: str | None = Field(
+        None, description="where published weights go (null: /dev/shm if present, else run dir)"
+    )
+    save_final: bool = Field(True, description="save <run>/final_model (Hugging Face directory)")
+    log_text: bool = Field(False, description="write completion text into samples.jsonl")
+    tensorboard: bool = Field(False, description="also log metrics to <run>/tb (needs tensorboard)")
+    progress: bool = Field(True, description="console progress bar")
+
+
 class RunConfig(Section):
     name: str = Field("demo", description="run name: outputs go to <output_dir>/<name>")
     output_dir: str = Field("runs", description="parent directory of run directories")
@@ -77,3 +188,7 @@ class RunConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
