@@ -103,3 +103,14 @@ def test_cli_errors_are_one_clear_line(argv, fragment, capsys, tmp_path, monkeyp
     assert fragment in err
     assert "Traceback" not in err
     assert err.startswith("error: ")
+
+
+def test_config_reference_doc_is_current():
+    from pathlib import Path
+
+    from relayrl.config.reference import config_reference
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+    assert doc.read_text() == config_reference(), (
+        "docs/config.md is stale: run `relayrl config --reference > docs/config.md`"
+    )

@@ -17,6 +17,7 @@ from relayrl.errors import RelayError
 COMMANDS: dict[str, str] = {
     "demo": "demo",
     "sft": "sft",
+    "config": "config",
     "serve": "serve",
     "bench": "bench",
     "grade": "grade",

@@ -16,6 +16,8 @@ class Section(BaseModel):
 
 
 class TaskConfig(Section):
+    """The synthetic task the run trains and evaluates on."""
+
     name: str = Field("arithmetic", description="synthetic task: arithmetic | countdown")
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -27,6 +29,8 @@ class TaskConfig(Section):
 
 
 class ModelConfig(Section):
+    """The policy model: an existing Hugging Face directory or a preset built from scratch."""
+
     path: str | None = Field(
         None, description="existing Hugging Face model directory; null = build from preset"
     )
@@ -40,6 +44,8 @@ class ModelConfig(Section):
 
 
 class SFTConfig(Section):
+    """The SFT warm start (`relayrl sft`)."""
+
     steps: int = Field(1500, gt=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="sequences per step")
     lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
@@ -56,6 +62,8 @@ class SFTConfig(Section):
 
 
 class EvalConfig(Section):
+    """Held-out evaluation (pass@1 at the sampling temperature)."""
+
     num_problems: int = Field(500, gt=0, description="held-out problems per evaluation")
     n_samples: int = Field(1, gt=0, description="samples per problem (pass@1 = mean)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature (RL's own)")
@@ -64,6 +72,8 @@ class EvalConfig(Section):
 
 
 class RuntimeConfig(Section):
+    """Process settings of the main process."""
+
     threads: int = Field(2, gt=0, description="torch threads of the main process")
     debug: bool = False
 
@@ -180,6 +190,8 @@ class TrainConfig(Section):
 
 
 class RunConfig(Section):
+    """One run."""
+
     name: str = Field("demo", description="run name: outputs go to <output_dir>/<name>")
     output_dir: str = Field("runs", description="parent directory of run directories")
     seed: int = Field(0, description="global seed (torch, python, numpy)")
