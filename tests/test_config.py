@@ -89,7 +89,7 @@ def test_shipped_configs_validate():
     "argv, fragment",
     [
         (["sft", "missing.yaml"], "config file 'missing.yaml' not found"),
-        (["demo", "optim.lr=abc"], "unknown config key 'optim'"),
+        (["demo", "optimiser.lr=1"], "unknown config key 'optimiser'"),
         (["demo", "sft.lr=abc"], "expected float"),
         (["demo", "task.name=sudoku"], "unknown task 'sudoku'"),
         (["demo", "model.path=/nonexistent/model"], "is not a directory"),
