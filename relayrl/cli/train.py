@@ -1,0 +1,28 @@
+"""``relayrl train CONFIG [KEY=VALUE ...]``: asynchronous RL (servers + controller + trainer).
+
+Prints the run directory, the held-out pass@1 and, as the last line, ``final_pass@1=0.xx``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from relayrl.cli.common import add_config_arguments, load_run_config
+
+HELP = "train with asynchronous RL (starts rollout servers); prints final_pass@1"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_run_config(args)
+    from relayrl.train.rl import run_train
+
+    result = run_train(config)
+    print(f"run directory: {result.run_dir}")
+    print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
+    if result.final_pass_at_1 is not None:
+        print(f"final_pass@1={result.final_pass_at_1:.2f}")
+    return 0

@@ -1,0 +1,416 @@
+"""The rollout controller: feeds prompts to the rollout servers under the staleness bound η
+and hands complete, graded groups to the trainer in admission order.
+
+Owns: :class:`PromptLoader` (seeded, resumable order over the train prompts),
+:func:`request_seed`, :func:`admission_capacity` (the bound) and :class:`RolloutController`
+(asyncio: admission loop, one task per group, grading, DAPO filtering, batches).
+
+Admission (AReaL): with B prompts per step, published weight version p and bound η, a new
+group is admitted only while ``accepted + running < (p + η + 1)·B`` (and the concurrency
+limit allows). ``accepted`` counts every group that completed and was kept (consumed or
+not); groups rejected by the dynamic-sampling filter or by an error do not count, so their
+replacements are admitted at once. Batches are taken **in admission order**: the group
+admitted with rank r among kept groups is trained at step ⌊r/B⌋ ≤ p + η, and all its tokens
+come from weights ≥ p, so its staleness is at most η whatever the completion order (see
+docs/async.md for the proof and why completion order would not give this).
+
+Imports: the engine's plain types and client error, the algo helpers, the Trajectory record.
+Generation, decoding and grading are injected callables, so tests can drive the controller
+with fakes and the trainer with the real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
+from relayrl.engine.client import RolloutServerError
+from relayrl.engine.types import SamplingParams
+from relayrl.errors import RelayError
+from relayrl.rollout.trajectory import Trajectory
+from relayrl.tasks.base import Problem
+
+
+class GenerationLike(Protocol):
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str
+    resubmissions: int
+
+
+class RewardLike(Protocol):
+    reward: float
+    status: str
+
+
+GenerateFn = Callable[[list[int], SamplingParams, str], Awaitable[GenerationLike]]
+ScoreFn = Callable[[Problem, str], Awaitable[RewardLike]]
+
+
+def request_seed(run_seed: int, prompt_index: int, sample_index: int) -> int:
+    """Seed of sample ``sample_index`` of the ``prompt_index``-th prompt drawn in a run."""
+    return ((run_seed * 1_000_003 + prompt_index) * 1_009 + sample_index) % (2**63 - 1)
+
+
+def admission_capacity(published_version: int, eta: int, prompts_per_step: int) -> int:
+    """How many groups may have been accepted or be running: ``(p + η + 1)·B``."""
+    return (published_version + eta + 1) * prompts_per_step
+
+
+class PromptLoader:
+    """An endless, seeded stream over ``problems``: a fresh shuffle per epoch.
+
+    ``draws`` counts prompts handed out (the prompt index of :func:`request_seed`); the
+    state is (epoch, position, draws), so a run can resume where it stopped.
+    """
+
+    def __init__(self, problems: list[Problem], seed: int, shuffle: bool = True) -> None:
+        if not problems:
+            raise RelayError("the train split has no prompts")
+        self.problems = problems
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self.draws = 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        if self.shuffle:
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> tuple[int, Problem]:
+        """(prompt index, problem)."""
+        if self.position >= len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        problem = self.problems[self._order[self.position]]
+        self.position += 1
+        self.draws += 1
+        return self.draws - 1, problem
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "draws": self.draws}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position, self.draws = state["epoch"], state["position"], state["draws"]
+        self._order = self._epoch_order(self.epoch)
+
+
+@dataclass
+class ControllerOptions:
+    """What the controller needs from the run config (see ``RolloutConfig``/``AlgoConfig``)."""
+
+    n_samples: int
+    prompts_per_step: int
+    eta: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    concurrency: int = 0
+    max_context: int | None = None
+    advantage: str = "grpo"
+    dynamic_sampling: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    seed: int = 0
+    max_consecutive_errors: int = 20
+
+    @classmethod
+    def from_config(cls, config: Any) -> ControllerOptions:
+        r, a = config.rollout, config.algo
+        return cls(
+            n_samples=r.n_samples,
+            prompts_per_step=r.prompts_per_step,
+            eta=r.eta,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            concurrency=r.concurrency,
+            max_context=config.model.max_context,
+            advantage=a.advantage,
+            dynamic_sampling=a.dynamic_sampling,
+            overlong_buffer=a.overlong_buffer,
+            overlong_penalty=a.overlong_penalty,
+            seed=config.seed,
+        )
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt; ``index`` is the admission rank (trained in this order)."""
+
+    index: int
+    prompt_index: int
+    problem: Problem
+    prompt_ids: list[int]
+    submit_version: int
+    admitted_at: float
+    trajectories: list[Trajectory] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    status: str = "running"  # running | ready | rejected
+
+    @property
+    def key(self) -> str:
+        return f"g{self.index}"
+
+
+class RolloutController:
+    """Admits groups under the staleness bound, generates, grades and batches them.
+
+    Call :meth:`start` inside a running event loop, :meth:`next_batch` from the training
+    loop, :meth:`set_published_version` after every weight publication and :meth:`stop`
+    at the end. ``encode(problem) -> prompt ids``, ``decode(ids) -> text``.
+    """
+
+    def __init__(
+        self,
+        loader: PromptLoader,
+        options: ControllerOptions,
+        generate: GenerateFn,
+        score: ScoreFn,
+        encode: Callable[[Problem], list[int]],
+        decode: Callable[[list[int]], str],
+        published_version: int = 0,
+    ) -> None:
+        self.loader = loader
+        self.opt = options
+        self._generate, self._score = generate, score
+        self._encode, self._decode = encode, decode
+        self.published_version = published_version
+        self.consumed_version = published_version  # batches handed out (trainer version)
+        self.accepted = 0
+        self.counters: Counter[str] = Counter()
+        self._next_index = 0
+        self._running: dict[int, Group] = {}
+        self._pending: deque[Group] = deque()  # kept or running groups, admission order
+        self._tasks: set[asyncio.Task] = set()
+        self._admit_wake: asyncio.Event | None = None
+        self._batch_wake: asyncio.Event | None = None
+        self._admit_task: asyncio.Task | None = None
+        self._fatal: BaseException | None = None
+        self._consecutive_errors = 0
+        self._gen_tokens = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._admit_wake, self._batch_wake = asyncio.Event(), asyncio.Event()
+        self._admit_task = asyncio.create_task(self._admission_loop(), name="admission")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._admit_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def set_published_version(self, version: int) -> None:
+        """The servers now run weights ``version``: the admission bound moves up."""
+        self.published_version = version
+        self._notify()
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop handing out batches: :meth:`next_batch` raises ``exc``."""
+        if self._fatal is None:
+            self._fatal = exc
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._admit_wake is not None and self._batch_wake is not None:
+            self._admit_wake.set()
+            self._batch_wake.set()
+
+    # ------------------------------------------------------------------ admission
+    @property
+    def running_groups(self) -> int:
+        return len(self._running)
+
+    @property
+    def ready_groups(self) -> int:
+        return sum(1 for g in self._pending if g.status == "ready")
+
+    def capacity(self) -> int:
+        return admission_capacity(self.published_version, self.opt.eta, self.opt.prompts_per_step)
+
+    def can_admit(self) -> bool:
+        if self._fatal is not None:
+            return False
+        if self.accepted + len(self._running) >= self.capacity():
+            return False
+        limit = self.opt.concurrency
+        return limit <= 0 or (len(self._running) + 1) * self.opt.n_samples <= limit
+
+    async def _admission_loop(self) -> None:
+        assert self._admit_wake is not None
+        while True:
+            self._admit_wake.clear()
+            while self.can_admit():
+                self._admit_one()
+            await self._admit_wake.wait()
+
+    def _admit_one(self) -> None:
+        while True:
+            prompt_index, problem = self.loader.next()
+            prompt_ids = self._encode(problem)
+            limit = self.opt.max_context
+            if limit is None or len(prompt_ids) + self.opt.max_new_tokens <= limit:
+                break
+            self.counters["skipped_long_prompts"] += 1
+            if self.counters["skipped_long_prompts"] > 1000 + self.loader.draws // 2:
+                self.fail(RelayError("most prompts are longer than model.max_context allows"))
+                return
+        group = Group(
+            index=self._next_index,
+            prompt_index=prompt_index,
+            problem=problem,
+            prompt_ids=prompt_ids,
+            submit_version=self.published_version,
+            admitted_at=time.perf_counter(),
+        )
+        self._next_index += 1
+        self._running[group.index] = group
+        self._pending.append(group)
+        self.counters["admitted_groups"] += 1
+        task = asyncio.create_task(self._run_group(group), name=group.key)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ one group
+    async def _run_group(self, group: Group) -> None:
+        try:
+            samples = await asyncio.gather(
+                *(self._sample(group, j) for j in range(self.opt.n_samples))
+            )
+        except asyncio.CancelledError:
+            raise
+        except (RelayError, RolloutServerError) as exc:
+            if isinstance(exc, RelayError) or exc.status is None:
+                self.fail(exc)  # unreachable server: the run cannot continue
+                return
+            self._reject(group, "error")
+            self._count_error(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bad sample rejects its group only
+            self._reject(group, "error")
+            self._count_error(exc)
+            return
+        self._consecutive_errors = 0
+        group.trajectories = [t for t, _ in samples]
+        group.texts = [text for _, text in samples]
+        self._finish_group(group)
+
+    def _count_error(self, exc: BaseException) -> None:
+        self._consecutive_errors += 1
+        if self._consecutive_errors >= self.opt.max_consecutive_errors:
+            self.fail(RelayError(f"{self._consecutive_errors} groups failed in a row: {exc}"))
+
+    async def _sample(self, group: Group, j: int) -> tuple[Trajectory, str]:
+        params = SamplingParams(
+            max_new_tokens=self.opt.max_new_tokens,
+            temperature=self.opt.temperature,
+            top_p=self.opt.top_p,
+            seed=request_seed(self.opt.seed, group.prompt_index, j),
+        )
+        start = time.perf_counter()
+        gen = await self._generate(group.prompt_ids, params, group.key)
+        generated = time.perf_counter()
+        text = self._decode(gen.output_ids)
+        result = await self._score(group.problem, text)
+        self.counters[f"reward_{result.status}"] += 1
+        self.counters["resubmissions"] += gen.resubmissions
+        self._gen_tokens += len(gen.output_ids)
+        reward = float(result.reward)
+        if self.opt.overlong_buffer > 0:
+            reward += overlong_penalty(
+                len(gen.output_ids),
+                self.opt.max_new_tokens,
+                self.opt.overlong_buffer,
+                self.opt.overlong_penalty,
+            )
+        traj = Trajectory(
+            prompt_id=group.problem.id,
+            group_id=group.key,
+            sample_index=j,
+            prompt_ids=list(group.prompt_ids),
+            completion_ids=list(gen.output_ids),
+            behav_logprobs=list(gen.output_logprobs),
+            versions=list(gen.output_versions),
+            submit_version=group.submit_version,
+            finish_reason=gen.finish_reason,
+            reward=reward,
+            reward_status=result.status,
+            timings={"generate_s": generated - start, "grade_s": time.perf_counter() - generated},
+        )
+        return traj, text
+
+    def _finish_group(self, group: Group) -> None:
+        rewards = [t.reward for t in group.trajectories]
+        if self.opt.dynamic_sampling and not dynamic_sampling_keep(rewards):
+            self._reject(group, "filtered")
+            return
+        if self.opt.advantage != "reinforce_pp_baseline":  # needs the whole batch: trainer
+            advantages = compute_advantages([rewards], self.opt.advantage)[0]  # type: ignore[arg-type]
+            for traj, adv in zip(group.trajectories, advantages, strict=True):
+                traj.advantage = adv
+        group.status = "ready"
+        del self._running[group.index]
+        self.accepted += 1
+        self.counters["accepted_groups"] += 1
+        self._notify()
+
+    def _reject(self, group: Group, why: str) -> None:
+        group.status = "rejected"
+        self._running.pop(group.index, None)
+        self._pending.remove(group)
+        self.counters[f"rejected_{why}"] += 1
+        self._notify()
+
+    # ------------------------------------------------------------------ batches
+    def _head_ready(self) -> bool:
+        b = self.opt.prompts_per_step
+        if len(self._pending) < b:
+            return False
+        return all(self._pending[i].status == "ready" for i in range(b))
+
+    async def next_batch(self) -> list[Group]:
+        """The next B groups in admission order, once all of them are complete."""
+        assert self._batch_wake is not None, "call start() first"
+        while True:
+            self._batch_wake.clear()
+            if self._fatal is not None:
+                raise self._fatal
+            if self._head_ready():
+                batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
+                self.consumed_version += 1
+                self._notify()
+                return batch
+            await self._batch_wake.wait()
+
+    # ------------------------------------------------------------------ reporting
+    def take_generated_tokens(self) -> int:
+        n, self._gen_tokens = self._gen_tokens, 0
+        return n
+
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
+        out["queue_ready_groups"] = float(self.ready_groups)
+        out["queue_running_groups"] = float(self.running_groups)
+        out["published_version"] = float(self.published_version)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Loader position and counters (in-flight groups are regenerated on resume)."""
+        return {"loader": self.loader.state_dict(), "counters": dict(self.counters)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.counters = Counter(state["counters"])

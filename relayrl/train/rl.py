@@ -1,0 +1,343 @@
+"""`relayrl train`: the asynchronous RL job (rollout servers + controller + trainer).
+
+Owns: :func:`run_train` (the whole job), :class:`TrainResult`, the training loop coroutine
+and weight publication. Process layout (docs/async.md): the rollout servers are ``relayrl
+serve`` child processes (``relayrl.launch.servers``); this process runs the controller
+(asyncio), the grading pool's feeder threads and the trainer, whose optimizer steps run in a
+worker thread so the event loop keeps feeding the servers meanwhile.
+
+Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
+admission bound would starve the trainer): save safetensors (``/dev/shm`` when present),
+``pause("abort")``, ``update_weights(path, version)``, ``continue_generation()``; the
+client resubmits the aborted requests with their partial output.
+
+Imports: config, engine client, rewards pool, eval, tasks, models, rollout controller,
+trainer, run logger, launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayrl.config.schema import EvalConfig, RunConfig
+from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.errors import RelayError
+from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
+from relayrl.tasks.base import Problem
+from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.trainer import RLTrainer
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    final_pass_at_1: float | None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def publish_interval(publish_every: int, eta: int) -> int:
+    """Steps between publications: ``publish_every``, capped at η + 1 (no starvation)."""
+    return max(1, min(publish_every, eta + 1))
+
+
+def train_problems(config: RunConfig, task) -> list[Problem]:
+    """The train prompts: ``rollout.dataset`` if set, else the task's train split."""
+    if config.rollout.dataset:
+        from relayrl.tasks.datasets import load_problems
+
+        return load_problems(config.rollout.dataset, split="train")
+    return task.problems("train", config.task.train_size, config.task.seed)
+
+
+def weights_root(config: RunConfig, run_dir: Path) -> Path:
+    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir."""
+    if config.train.weights_dir:
+        base = Path(config.train.weights_dir)
+    elif Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+        base = Path("/dev/shm")
+    else:
+        base = run_dir
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"relayrl-{config.name}-weights-", dir=base))
+
+
+def resolve_model_dir(config: RunConfig, progress: bool) -> Path:
+    """``model.path``, or the SFT warm start written to ``<run>/sft_model``."""
+    if config.model.path:
+        return Path(config.model.path)
+    from relayrl.train.sft import run_sft
+
+    base = run_sft(config, progress=progress)
+    print(f"sft warm start: base_pass@1={base:.2f}", flush=True)
+    return Path(config.output_dir) / config.name / "sft_model"
+
+
+def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, seed: int):
+    """pass@1 of the trainer's current weights (one version) on an in-process engine."""
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.types import EngineOptions
+    from relayrl.eval.evaluate import evaluate
+
+    context = model.config.max_position_embeddings
+    options = EngineOptions(max_running_requests=cfg.batch_size, max_seq_len=context)
+    try:
+        with torch.no_grad(), Engine(model, tokenizer, options) as engine:
+            return evaluate(engine, tokenizer, problems, cfg, seed=seed)
+    finally:
+        model.train()
+
+
+class _Job:
+    """Everything one run holds; ``loop()`` is the training coroutine."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, model_dir: Path, launcher, pool) -> None:
+        from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
+        from relayrl.tasks.registry import make_task
+
+        self.config, self.run_dir, self.launcher, self.pool = config, run_dir, launcher, pool
+        self.task = make_task(config.task.name, config.task.params)
+        self.tokenizer = load_tokenizer(model_dir)
+        torch.manual_seed(config.seed)
+        model = load_model(model_dir, config.model.device, config.model.dtype)
+        self.trainer = RLTrainer(model, config, pad_id=self.tokenizer.pad_token_id)
+        self.loader = PromptLoader(train_problems(config, self.task), seed=config.seed)
+        test = self.task.problems("test", config.eval.num_problems, config.task.seed)
+        self.test_final = test
+        self.test_periodic = test[: config.train.eval_problems]
+        self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
+        self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.logger = RunLogger(run_dir, config.train.tensorboard)
+        self.weights = weights_root(config, run_dir)
+        self.evals: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ pieces
+    async def _publish(self, client: RolloutClient, controller: RolloutController) -> float:
+        start = time.perf_counter()
+        version = self.trainer.version
+        path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
+        await client.pause("abort")
+        try:
+            await client.update_weights(str(path), version=version)
+        finally:
+            await client.continue_generation()
+        controller.set_published_version(version)
+        for old in self.weights.glob("v*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.perf_counter() - start
+
+    async def _evaluate(self, problems: list[Problem]) -> dict[str, Any]:
+        start = time.perf_counter()
+        cfg = self.config.eval.model_copy(update={"num_problems": len(problems)})
+        report = await asyncio.to_thread(
+            evaluate_model, self.trainer.model, self.tokenizer, problems, cfg, self.config.seed
+        )
+        result = {
+            "eval_pass@1": report.pass_at_1,
+            "eval_version": self.trainer.version,
+            "eval_problems": report.num_problems,
+            "time_eval_s": time.perf_counter() - start,
+        }
+        self.evals.append(result)
+        return result
+
+    async def _watch(self, controller: RolloutController) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                self.launcher.check()
+            except RelayError as exc:
+                controller.fail(exc)
+                return
+
+    def _server_error(self, exc: BaseException) -> RelayError:
+        time.sleep(0.5)  # let a dying server's exit status show
+        try:
+            self.launcher.check()
+        except RelayError as named:
+            return named
+        return RelayError(f"generation failed: {exc}")
+
+    # ------------------------------------------------------------------ the loop
+    async def loop(self, urls: list[str]) -> TrainResult:
+        cfg = self.config
+        interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
+        client = RolloutClient(urls, timeout=3600.0)
+        controller = RolloutController(
+            self.loader,
+            ControllerOptions.from_config(cfg),
+            lambda ids, params, key: client.generate(ids, params, key=key),
+            self.pool.score,
+            self.encode,
+            self.decode,
+        )
+        controller.start()
+        watch = asyncio.create_task(self._watch(controller))
+        bar = _progress(cfg)
+        start = last = time.perf_counter()
+        try:
+            if cfg.train.eval_every:
+                self.logger.log_step(
+                    {"step": 0, "version": 0, **await self._evaluate(self.test_periodic)}
+                )
+            for step in range(cfg.train.total_steps):
+                metrics = await self._one_step(step, client, controller, interval)
+                now = time.perf_counter()
+                metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
+                gen_tokens = controller.take_generated_tokens()
+                metrics["gen_tokens_per_s"] = gen_tokens / max(now - last, 1e-9)
+                last = now
+                self.logger.log_step(metrics)
+                _update_bar(bar, metrics)
+            final = None
+            if cfg.train.total_steps:
+                final = await self._evaluate(self.test_final)
+                self.logger.log_step(
+                    {
+                        "step": cfg.train.total_steps,
+                        "version": self.trainer.version,
+                        "final": True,
+                        **final,
+                    }
+                )
+        except (RolloutServerError, OSError) as exc:
+            raise self._server_error(exc) from exc
+        finally:
+            watch.cancel()
+            await controller.stop()
+            await client.close()
+            if bar is not None:
+                bar.close()
+        summary = {"controller": controller.stats(), "grading": self.pool.stats()}
+        return TrainResult(
+            self.run_dir,
+            cfg.train.total_steps,
+            final["eval_pass@1"] if final else None,
+            self.evals,
+            time.perf_counter() - start,
+            summary,
+        )
+
+    async def _one_step(
+        self, step: int, client: RolloutClient, controller: RolloutController, interval: int
+    ) -> dict[str, Any]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        try:
+            groups = await controller.next_batch()
+        except RolloutServerError as exc:
+            raise self._server_error(exc) from exc
+        t_wait = time.perf_counter() - t0
+        batch = [g.trajectories for g in groups]
+        trajs = [t for g in batch for t in g]
+        version = self.trainer.version
+        stats = await asyncio.to_thread(self.trainer.train_step, batch)
+        texts = [x for g in groups for x in g.texts] if cfg.train.log_text else None
+        self.logger.log_samples(trajs, step, version, texts)
+        t_sync = 0.0
+        last_step = step == cfg.train.total_steps - 1
+        if not last_step and self.trainer.version - controller.published_version >= interval:
+            t_sync = await self._publish(client, controller)
+        metrics: dict[str, Any] = {"step": step + 1, "version": self.trainer.version}
+        metrics.update(batch_metrics(trajs))
+        metrics.update(stats)
+        train_time = stats["time_prox_s"] + stats["time_update_s"]
+        metrics["train_tokens_per_s"] = stats["train_tokens"] / max(train_time, 1e-9)
+        metrics["time_wait_s"], metrics["time_sync_s"] = t_wait, t_sync
+        metrics.update(controller.stats())
+        metrics.update({f"grading_{k}": v for k, v in self.pool.stats().items()})
+        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and not last_step:
+            metrics.update(await self._evaluate(self.test_periodic))
+        return metrics
+
+    def close(self) -> None:
+        self.logger.close()
+        shutil.rmtree(self.weights, ignore_errors=True)
+
+
+def _progress(config: RunConfig):
+    if not config.train.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.train.total_steps, desc="rl", mininterval=1.0, dynamic_ncols=True)
+
+
+def _update_bar(bar, metrics: dict[str, Any]) -> None:
+    if bar is None:
+        return
+    post = {
+        "reward": f"{metrics['reward_mean']:.2f}",
+        "stale": f"{metrics['staleness_mean']:.1f}",
+        "wait": f"{metrics['time_wait_s']:.1f}s",
+    }
+    if "eval_pass@1" in metrics:
+        post["eval"] = f"{metrics['eval_pass@1']:.2f}"
+    bar.set_postfix(post, refresh=False)
+    bar.update(1)
+
+
+def run_train(config: RunConfig, progress: bool | None = None) -> TrainResult:
+    """The `relayrl train` job; see the module docstring. Returns the final evaluation."""
+    from relayrl.rewards.pool import GradingPool
+    from relayrl.train.sft import prepare_run_dir
+
+    if progress is not None:
+        config = config.model_copy(
+            update={"train": config.train.model_copy(update={"progress": progress})}
+        )
+    torch.set_num_threads(config.runtime.threads)
+    model_dir = resolve_model_dir(config, config.train.progress)
+    torch.set_num_threads(config.train.trainer_threads)
+    run_dir = prepare_run_dir(config)
+    if config.rollout.dataset:  # fail on a bad dataset before starting any process
+        train_problems(config, None)
+    spec = ServerSpec(
+        model_dir=str(model_dir),
+        threads=config.rollout.server_threads,
+        max_running_requests=config.rollout.max_running_requests,
+        max_seq_len=config.model.max_context,
+        device=config.model.device,
+        dtype=config.model.dtype,
+    )
+    launcher = ServerLauncher(
+        spec,
+        config.rollout.num_servers,
+        config.rollout.server_mode,
+        log_dir=run_dir,
+        startup_timeout_s=config.rollout.startup_timeout_s,
+    )
+    pool = GradingPool(config.rollout.reward_workers, config.rollout.reward_timeout_s)
+    job = None
+    try:
+        urls = launcher.start()
+        job = _Job(config, run_dir, model_dir, launcher, pool)
+        result = asyncio.run(job.loop(urls))
+    finally:
+        launcher.stop()
+        pool.close()
+        if job is not None:
+            job.close()
+    if config.train.save_final:
+        out = run_dir / "final_model"
+        job.trainer.model.save_pretrained(out)
+        job.tokenizer.save_pretrained(out)
+    result.summary["final_pass@1"] = result.final_pass_at_1
+    with contextlib.suppress(OSError):
+        (run_dir / "train_summary.json").write_text(json.dumps(result.summary, indent=2))
+    return result

@@ -1,0 +1,261 @@
+"""The RL trainer: one optimizer step on a batch of complete groups.
+
+Owns: :class:`RLTrainer` (model, AdamW, warm-up + schedule, the no-grad proximal pass,
+dynamic micro-batching with the global normaliser, gradient clipping, the weight version
+and publication of weights as safetensors) and :func:`lr_factor`.
+
+Per step: assert every trajectory's staleness ≤ η → (REINFORCE++-baseline advantages over
+the batch) → pack sequences into micro-batches under ``optim.micro_batch_tokens``
+(``relayrl.algo.microbatch``) → no-grad pass for π_prox (decoupled loss; also the source of
+the behaviour-vs-proximal statistics) → per micro-batch ``policy_loss`` with the step's
+normaliser, backward → clip → AdamW step → version + 1. Logprobs are
+``log_softmax(logits / T)`` as in the engine (docs/engine.md).
+
+Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayrl.algo.advantages import compute_advantages
+from relayrl.algo.losses import LossConfig, entropy_from_logits, loss_normalizer, policy_loss
+from relayrl.algo.microbatch import pack_micro_batches
+from relayrl.rollout.trajectory import Trajectory
+
+MAX_STATS = ("is_weight_max",)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - 0.9 * progress
+    return 1.0
+
+
+def loss_config_from(algo: Any) -> LossConfig:
+    """``LossConfig`` from the ``algo`` config section (same field names)."""
+    return LossConfig(
+        loss=algo.loss,
+        eps_low=algo.eps_low,
+        eps_high=algo.eps_high,
+        dual_clip=algo.dual_clip,
+        is_level=algo.is_level,
+        is_mode=algo.is_mode,
+        is_cap=algo.is_cap,
+        is_floor=algo.is_floor,
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        aggregation=algo.aggregation,
+    )
+
+
+@dataclass
+class _MicroBatch:
+    """Right-padded tensors of some sequences; per-token tensors are ``[b, L-1]``."""
+
+    index: list[int]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    behav: torch.Tensor
+    adv: torch.Tensor
+
+
+def _collate(trajs: Sequence[Trajectory], index: list[int], pad_id: int) -> _MicroBatch:
+    seqs = [trajs[i] for i in index]
+    width = max(t.num_tokens for t in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    behav = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    adv = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    for row, t in enumerate(seqs):
+        n, p, c = t.num_tokens, len(t.prompt_ids), len(t.completion_ids)
+        ids[row, :n] = torch.tensor(t.prompt_ids + t.completion_ids)
+        attn[row, :n] = 1
+        span = slice(p - 1, p - 1 + c)  # logits at position i predict token i + 1
+        mask[row, span] = 1.0
+        behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
+        adv[row, span] = t.advantage
+    return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv)
+
+
+class RLTrainer:
+    """Owns the policy being optimised; ``version`` = optimizer steps taken."""
+
+    def __init__(self, model: torch.nn.Module, config: Any, pad_id: int) -> None:
+        self.model = model.train()
+        self.cfg = config
+        self.pad_id = pad_id
+        self.eta = config.rollout.eta
+        self.temperature = config.rollout.temperature
+        self.loss_cfg = loss_config_from(config.algo)
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        total = config.train.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, o.warmup_steps, total, o.schedule)
+        )
+        self.ref_model = None
+        if self.loss_cfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.version = 0
+
+    # ------------------------------------------------------------------ logprobs
+    def _logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> tuple[torch.Tensor, Any]:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        logits = logits[:, :-1].float() / self.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1), logits
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> torch.Tensor:
+        return self._logprobs(model, mb)[0]
+
+    # ------------------------------------------------------------------ the step
+    def check_staleness(self, trajs: Sequence[Trajectory]) -> list[int]:
+        """Staleness of every trajectory; raises if any exceeds η (a controller bug)."""
+        stale = [t.staleness(self.version) for t in trajs]
+        worst = max(stale, default=0)
+        if worst > self.eta or min(stale, default=0) < 0:
+            raise AssertionError(
+                f"staleness bound violated: a sample of staleness {worst} reached trainer "
+                f"version {self.version} with eta={self.eta}"
+            )
+        return stale
+
+    def _batch_advantages(self, groups: Sequence[Sequence[Trajectory]]) -> None:
+        if self.cfg.algo.advantage != "reinforce_pp_baseline":
+            return
+        rewards = [[t.reward for t in g] for g in groups]
+        for g, adv in zip(
+            groups, compute_advantages(rewards, "reinforce_pp_baseline"), strict=True
+        ):
+            for t, a in zip(g, adv, strict=True):
+                t.advantage = a
+
+    def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+        """One optimizer step on ``groups`` (lists of trajectories); returns statistics."""
+        trajs = [t for g in groups for t in g]
+        stale = self.check_staleness(trajs)
+        self._batch_advantages(groups)
+        budget = self.cfg.optim.micro_batch_tokens
+        plan = pack_micro_batches([t.num_tokens for t in trajs], budget)
+        mbs = [_collate(trajs, idx, self.pad_id) for idx in plan]
+        n_tokens = sum(len(t.completion_ids) for t in trajs)
+        normalizer = loss_normalizer(
+            self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
+        )
+        t0 = time.perf_counter()
+        prox = [self._no_grad_logprobs(self.model, mb) for mb in mbs] if self._needs_prox() else []
+        ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
+        t1 = time.perf_counter()
+        stats = self._accumulate(mbs, prox, ref, normalizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.optim.grad_clip
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        stats.update(
+            grad_norm=float(grad_norm),
+            lr=self.scheduler.get_last_lr()[0],
+            micro_batches=float(len(mbs)),
+            train_tokens=float(sum(t.num_tokens for t in trajs)),
+            staleness_min=float(min(stale)),
+            staleness_mean=sum(stale) / len(stale),
+            staleness_max=float(max(stale)),
+            time_prox_s=t1 - t0,
+            time_update_s=time.perf_counter() - t1,
+        )
+        return stats
+
+    def _needs_prox(self) -> bool:
+        return self.loss_cfg.loss == "decoupled"
+
+    def _accumulate(
+        self,
+        mbs: list[_MicroBatch],
+        prox: list[torch.Tensor],
+        ref: list[torch.Tensor],
+        normalizer: float,
+    ) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        maxes: dict[str, float] = {}
+        total = 0
+        weight_sums = {"ess_num": 0.0, "ess_den": 0.0}
+        for i, mb in enumerate(mbs):
+            logp, logits = self._logprobs(self.model, mb)
+            with torch.no_grad():
+                ent = entropy_from_logits(logits.detach())
+            out = policy_loss(
+                logp,
+                mb.behav,
+                mb.adv,
+                mb.mask,
+                self.loss_cfg,
+                normalizer,
+                prox_logprobs=prox[i] if prox else None,
+                ref_logprobs=ref[i] if ref else None,
+                entropy=ent,
+            )
+            out.loss.backward()
+            total += out.num_tokens
+            for key, value in out.stats.items():
+                if key in MAX_STATS:
+                    maxes[key] = max(maxes.get(key, value), value)
+                elif key != "n_tokens":
+                    sums[key] = sums.get(key, 0.0) + value * out.num_tokens
+            anchor = prox[i] if prox else logp.detach()
+            w = torch.exp(anchor - mb.behav)[mb.mask > 0]
+            weight_sums["ess_num"] += float(w.sum())
+            weight_sums["ess_den"] += float(w.square().sum())
+        stats = {k: v / max(total, 1) for k, v in sums.items()}
+        stats.update(maxes)
+        n = max(total, 1)
+        stats["ess_frac"] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
+        return stats
+
+    # ------------------------------------------------------------------ weights and state
+    def save_weights(self, directory: Path) -> Path:
+        """Write the current weights as ``directory/model.safetensors`` (tied tensors once)."""
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        # named_parameters() lists a tied tensor once, under its first name (the engine's
+        # loader expects exactly that)
+        state = {n: p.detach().contiguous() for n, p in self.model.named_parameters()}
+        save_file(state, str(directory / "model.safetensors"))
+        return directory
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
