@@ -56,11 +56,9 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """Token ids for a user prompt: the chat template when the tokenizer has one, otherwise
     the plain template (the prompt and a newline, after which the completion starts)."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
-        if isinstance(ids, dict):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
     text = PLAIN_TEMPLATE.format(prompt=prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
