@@ -34,6 +34,7 @@ from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
 from relayrl.tasks.base import Problem
 from relayrl.train.metrics import RunLogger, batch_metrics
@@ -292,8 +293,14 @@ def _update_bar(bar, metrics: dict[str, Any]) -> None:
     bar.update(1)
 
 
-def run_train(config: RunConfig, progress: bool | None = None) -> TrainResult:
-    """The `relayrl train` job; see the module docstring. Returns the final evaluation."""
+def run_train(
+    config: RunConfig, progress: bool | None = None, grader: Grader | None = None
+) -> TrainResult:
+    """The `relayrl train` job; see the module docstring. Returns the final evaluation.
+
+    ``grader(problem, completion) -> reward`` replaces the task's verifier for training
+    rewards (a module-level function: it runs in spawned grading processes).
+    """
     from relayrl.rewards.pool import GradingPool
     from relayrl.train.sft import prepare_run_dir
 
@@ -322,7 +329,9 @@ def run_train(config: RunConfig, progress: bool | None = None) -> TrainResult:
         log_dir=run_dir,
         startup_timeout_s=config.rollout.startup_timeout_s,
     )
-    pool = GradingPool(config.rollout.reward_workers, config.rollout.reward_timeout_s)
+    pool = GradingPool(
+        config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
+    )
     job = None
     try:
         urls = launcher.start()

@@ -1,0 +1,65 @@
+"""Fixtures of the RL tests: small run configs over the tiny model, a quick SFT model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.config.loader import load_config
+
+torch.set_num_threads(1)
+
+
+def parity_grader(problem, completion: str) -> float:
+    """A cheap reward with varied values on a random model: 1 for an even-length answer."""
+    return float(len(completion) % 2 == 0)
+
+
+def rl_config(tmp_path: Path, model_dir: Path | str, *overrides: str):
+    """A tiny, fast RL run config writing under ``tmp_path``."""
+    base = [
+        f"output_dir={tmp_path}",
+        "name=run",
+        f"model.path={model_dir}",
+        "model.max_context=128",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=4",
+        "rollout.max_new_tokens=16",
+        "rollout.server_mode=thread",
+        "algo.dynamic_sampling=false",
+        "train.total_steps=3",
+        "train.progress=false",
+        "train.save_final=true",
+        "eval.num_problems=4",
+        "eval.max_new_tokens=16",
+        "train.trainer_threads=1",
+        "runtime.threads=1",
+    ]
+    return load_config(None, base + list(overrides))
+
+
+@pytest.fixture(scope="session")
+def sft_model_dir(tmp_path_factory) -> Path:
+    """A quick SFT warm start of the tiny model on short arithmetic chains."""
+    from relayrl.train.sft import run_sft
+
+    out = tmp_path_factory.mktemp("sft")
+    config = load_config(
+        None,
+        [
+            f"output_dir={out}",
+            "name=sft",
+            "model.preset=tiny",
+            "model.max_context=128",
+            "task.params={max_steps: 3}",
+            "sft.steps=300",
+            "sft.batch_size=32",
+            "eval.num_problems=40",
+            "eval.max_new_tokens=48",
+            "runtime.threads=1",
+        ],
+    )
+    run_sft(config, progress=False)
+    return out / "sft" / "sft_model"
