@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve",
     "bench": "bench",
     "grade": "grade",
+    "eval": "eval",
     "train": "train",
 }
 

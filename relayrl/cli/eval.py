@@ -1,0 +1,99 @@
+"""``relayrl eval --model DIR --data NAME_OR_PATH --n K --temperature T``: generate with the
+built-in engine, grade (math-verify / sandboxed code in a process pool), report pass@1,
+unbiased pass@k and maj@k, and write a per-problem JSONL."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "evaluate a model on a benchmark or synthetic task: pass@1, pass@k, maj@k"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="benchmark name (gsm8k, math500, aime24, aime25, humaneval, "
+        "math_train), a synthetic task (arithmetic, countdown: its test "
+        "split), or a .jsonl/.parquet file",
+    )
+    parser.add_argument("--n", type=int, default=1, help="samples per problem (K)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--limit", type=int, default=None, help="first N problems only")
+    parser.add_argument("--out", default=None, help="per-problem JSONL (default: print path)")
+    parser.add_argument("--data-root", default=None, help="folder of the benchmark files")
+    parser.add_argument("--workers", type=int, default=2, help="grading processes")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per grade")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for generation")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-running-requests", type=int, default=64)
+
+
+def _load(args: argparse.Namespace):
+    from relayrl.tasks.datasets import load_problems
+    from relayrl.tasks.registry import TASKS, make_task
+
+    if args.data in TASKS:
+        return make_task(args.data).problems("test", args.limit or 500, seed=0)
+    return load_problems(args.data, data_root=args.data_root, limit=args.limit)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from relayrl.config.schema import EvalConfig
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.types import EngineOptions
+    from relayrl.errors import RelayError
+    from relayrl.eval.evaluate import evaluate, pool_grader
+    from relayrl.models.loading import check_model_dir, load_tokenizer
+    from relayrl.rewards.pool import GradingPool
+
+    if args.n < 1 or args.temperature < 0 or args.max_new_tokens < 1:
+        raise RelayError("--n and --max-new-tokens must be >= 1 and --temperature >= 0")
+    check_model_dir(args.model)
+    tokenizer = load_tokenizer(args.model)
+    problems = _load(args)
+    if not problems:
+        raise RelayError(f"dataset {args.data!r} has no problems")
+    torch.set_num_threads(args.threads)
+    cfg = EvalConfig(
+        num_problems=len(problems),
+        n_samples=args.n,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+    )
+    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
+    engine = Engine.from_pretrained(args.model, options)
+    with engine, GradingPool(workers=args.workers, timeout_s=args.timeout) as pool:
+        report = evaluate(
+            engine,
+            tokenizer,
+            problems,
+            cfg,
+            seed=args.seed,
+            grader=pool_grader(pool),
+            progress=True,
+        )
+        grading = pool.stats()
+    out = Path(args.out or f"eval-{Path(args.data).stem}.jsonl")
+    with open(out, "w") as f:
+        for row in report.per_problem:
+            f.write(json.dumps(row) + "\n")
+    print(f"per-problem results: {out}")
+    print(
+        f"problems={report.num_problems} samples_per_problem={report.n_samples} "
+        f"temperature={report.temperature} weight_version={report.weight_version} "
+        f"too_long_for_context={report.too_long} grading={grading}"
+    )
+    for key, value in report.summary().items():
+        if key.startswith(("pass@", "maj@")) and key != "pass@1":
+            print(f"{key}={value:.4f}")
+    print(f"pass@1={report.pass_at_1:.4f}")
+    return 0
