@@ -125,6 +125,14 @@ class ControllerOptions:
     overlong_penalty: float = 1.0
     seed: int = 0
     max_consecutive_errors: int = 20
+    max_consecutive_filtered: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.dynamic_sampling and self.n_samples < 2:
+            raise RelayError(
+                "algo.dynamic_sampling needs rollout.n_samples >= 2 (a group of one sample "
+                "always has equal rewards and would always be dropped)"
+            )
 
     @classmethod
     def from_config(cls, config: Any) -> ControllerOptions:
@@ -200,6 +208,7 @@ class RolloutController:
         self._admit_task: asyncio.Task | None = None
         self._fatal: BaseException | None = None
         self._consecutive_errors = 0
+        self._filtered_in_row = 0
         self._gen_tokens = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -356,7 +365,17 @@ class RolloutController:
         rewards = [t.reward for t in group.trajectories]
         if self.opt.dynamic_sampling and not dynamic_sampling_keep(rewards):
             self._reject(group, "filtered")
+            self._filtered_in_row += 1
+            if self._filtered_in_row >= self.opt.max_consecutive_filtered:
+                self.fail(
+                    RelayError(
+                        f"dynamic sampling dropped {self._filtered_in_row} groups in a row "
+                        f"(every sample of each got the same reward, last {rewards}); the task "
+                        "is too hard or too easy for this model, or set algo.dynamic_sampling=false"
+                    )
+                )
             return
+        self._filtered_in_row = 0
         if self.opt.advantage != "reinforce_pp_baseline":  # needs the whole batch: trainer
             advantages = compute_advantages([rewards], self.opt.advantage)[0]  # type: ignore[arg-type]
             for traj, adv in zip(group.trajectories, advantages, strict=True):

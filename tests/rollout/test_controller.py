@@ -1,0 +1,233 @@
+"""The rollout controller against fake servers: the staleness bound under random delays,
+admission arithmetic, replacement of rejected groups, skipped long prompts, resumable
+prompt order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from relayrl.engine.types import SamplingParams
+from relayrl.rollout.controller import (
+    ControllerOptions,
+    PromptLoader,
+    RolloutController,
+    admission_capacity,
+    request_seed,
+)
+from relayrl.tasks.base import Problem
+
+
+@dataclass
+class FakeGeneration:
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str = "stop"
+    resubmissions: int = 0
+
+
+@dataclass
+class FakeReward:
+    reward: float
+    status: str = "ok"
+
+
+class FakeServers:
+    """Generates after a random delay; tokens get the server version current when each
+    half of the answer is produced (an update mid-request splits its versions)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.version = 0
+        self.max_in_flight = 0
+        self.in_flight = 0
+
+    async def generate(self, ids: list[int], params: SamplingParams, key: str):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        n = self.rng.randint(2, 8)
+        await asyncio.sleep(self.rng.expovariate(1 / 0.004))
+        first = [self.version] * (n // 2)
+        await asyncio.sleep(self.rng.expovariate(1 / 0.004))
+        self.in_flight -= 1
+        versions = first + [self.version] * (n - n // 2)
+        return FakeGeneration([params.seed % 7] * n, [-0.5] * n, versions)
+
+
+def problems(n: int = 50, long_every: int = 0) -> list[Problem]:
+    out = []
+    for i in range(n):
+        text = "x" * (200 if long_every and i % long_every == 0 else 5)
+        out.append(Problem(f"p{i}", text, "1", "math"))
+    return out
+
+
+def make_controller(servers, options, score, probs=None) -> RolloutController:
+    async def scorer(problem, text):
+        return score(problem, text)
+
+    return RolloutController(
+        PromptLoader(probs or problems(), seed=3),
+        options,
+        servers.generate,
+        scorer,
+        encode=lambda p: [1] * len(p.prompt),
+        decode=lambda ids: " ".join(map(str, ids)),
+    )
+
+
+async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish_every=1):
+    """A fake trainer: take batches, check staleness, 'train', publish."""
+    ctrl.start()
+    version, worst = 0, 0
+    try:
+        for _ in range(steps):
+            batch = await ctrl.next_batch()
+            for group in batch:
+                for t in group.trajectories:
+                    stale = t.staleness(version)
+                    assert 0 <= stale <= eta, (stale, eta, t.versions, version)
+                    worst = max(worst, stale)
+            await asyncio.sleep(rng.expovariate(1 / 0.01))
+            version += 1
+            if version - ctrl.published_version >= min(publish_every, eta + 1):
+                servers.version = version
+                ctrl.set_published_version(version)
+    finally:
+        await ctrl.stop()
+    return worst
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_staleness_bound_under_random_delays(trial):
+    rng = random.Random(trial)
+    eta = rng.choice([0, 1, 2, 4])
+    options = ControllerOptions(
+        n_samples=(n := rng.randint(1, 4)),
+        prompts_per_step=rng.randint(1, 4),
+        eta=eta,
+        max_new_tokens=8,
+        dynamic_sampling=n >= 2 and rng.random() < 0.5,
+        concurrency=rng.choice([0, 0, 6]),
+    )
+    servers = FakeServers(rng)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(float(rng.random() < 0.5)))
+    worst = asyncio.run(drive(ctrl, servers, 15, eta, rng, publish_every=rng.randint(1, 3)))
+    assert worst <= eta
+    assert ctrl.accepted + ctrl.running_groups <= admission_capacity(15, eta, 4)
+    if options.concurrency:
+        assert servers.max_in_flight <= options.concurrency
+
+
+def test_async_actually_overlaps_and_reaches_eta():
+    rng = random.Random(0)
+    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=2, max_new_tokens=8)
+    servers = FakeServers(rng)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+    assert asyncio.run(drive(ctrl, servers, 20, 2, rng)) >= 1  # stale samples do get trained
+
+
+def test_rejected_groups_are_replaced_and_not_counted():
+    rng = random.Random(1)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=3, eta=0, max_new_tokens=8, dynamic_sampling=True
+    )
+    servers = FakeServers(rng)
+
+    # prompts with an even number are 'all equal' (filtered), odd ones mixed
+    def score(problem, text):
+        if int(problem.id[1:]) % 2 == 0:
+            return FakeReward(1.0)
+        return FakeReward(float(text.startswith(("0", "2", "4", "6"))))
+
+    ctrl = make_controller(servers, options, score)
+
+    async def run():
+        ctrl.start()
+        try:
+            return await ctrl.next_batch()
+        finally:
+            await ctrl.stop()
+
+    batch = asyncio.run(run())
+    assert len(batch) == 3
+    assert ctrl.counters["rejected_filtered"] >= 1
+    assert (
+        ctrl.accepted == 3
+        and ctrl.counters["admitted_groups"]
+        >= 3 + ctrl.counters["rejected_filtered"] - ctrl.running_groups
+    )
+    for group in batch:
+        rewards = {t.reward for t in group.trajectories}
+        assert len(rewards) == 2
+        assert abs(sum(t.advantage for t in group.trajectories)) < 1e-6
+
+
+def test_long_prompts_are_skipped_and_counted():
+    rng = random.Random(2)
+    options = ControllerOptions(
+        n_samples=1, prompts_per_step=8, eta=0, max_new_tokens=8, max_context=64
+    )
+    servers = FakeServers(rng)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), problems(40, 2))
+
+    async def run():
+        ctrl.start()
+        try:
+            return await ctrl.next_batch()
+        finally:
+            await ctrl.stop()
+
+    batch = asyncio.run(run())
+    assert all(len(g.prompt_ids) + 8 <= 64 for g in batch)
+    assert ctrl.counters["skipped_long_prompts"] >= 1
+
+
+def test_generation_error_rejects_the_group_only():
+    rng = random.Random(3)
+    servers = FakeServers(rng)
+    calls = {"n": 0}
+
+    async def flaky(ids, params, key):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("bad request")
+        return await servers.generate(ids, params, key)
+
+    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+    ctrl._generate = flaky
+
+    async def run():
+        ctrl.start()
+        try:
+            return await ctrl.next_batch()
+        finally:
+            await ctrl.stop()
+
+    assert len(asyncio.run(run())) == 2
+    assert ctrl.counters["rejected_error"] == 1
+
+
+def test_admission_capacity_and_seeds():
+    assert admission_capacity(0, 0, 8) == 8
+    assert admission_capacity(3, 4, 8) == 64
+    seeds = {request_seed(0, i, j) for i in range(50) for j in range(8)}
+    assert len(seeds) == 400
+    assert request_seed(1, 0, 0) != request_seed(0, 0, 0)
+
+
+def test_prompt_loader_is_seeded_and_resumable():
+    a = PromptLoader(problems(7), seed=5)
+    first = [a.next()[1].id for _ in range(10)]
+    b = PromptLoader(problems(7), seed=5)
+    assert [b.next()[1].id for _ in range(10)] == first
+    state = a.state_dict()
+    c = PromptLoader(problems(7), seed=5)
+    c.load_state_dict(state)
+    assert [c.next() for _ in range(9)] == [a.next() for _ in range(9)]
+    assert sorted(first[:7]) == sorted(p.id for p in problems(7))  # each epoch is a permutation
