@@ -6,6 +6,7 @@ Prints the run directory, the held-out pass@1 and, as the last line, ``final_pas
 from __future__ import annotations
 
 import argparse
+import signal
 
 from relayrl.cli.common import add_config_arguments, load_run_config
 
@@ -16,8 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM stops the run like Ctrl-C: servers and graders are shut down cleanly."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_run_config(args)
+    _interrupt_on_sigterm()
     from relayrl.train.rl import run_train
 
     result = run_train(config)
