@@ -10,7 +10,7 @@ import importlib
 HELP = "run a benchmark (engine, ...)"
 
 # benchmark name -> module under relayrl.bench
-BENCHMARKS: dict[str, str] = {"engine": "engine"}
+BENCHMARKS: dict[str, str] = {"engine": "engine", "async": "async_rl"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,152 @@
+"""``relayrl bench async``: synchronous (η = 0) vs asynchronous (η = 4) RL throughput.
+
+Both sides train the same config (model, task, B, n, budget, steps) for the same number of
+samples with real rollout server processes, each with its own best thread setting: the
+synchronous side alternates generation and training, so each phase may use both cores
+(server 2 threads, trainer 2 threads); the asynchronous side runs both phases at once, one
+core each. Throughput = trained completion tokens / wall time of the training loop.
+
+``overlap_limit`` is the speed-up that perfect overlap of the synchronous run's measured
+stage times would give: ``(T_gen + T_train) / max(T_gen, T_train)`` per step.
+The last line is ``async_speedup=X.XX``.
+
+Imports: the config loader, model building and the RL job (``relayrl.train.rl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
+
+ASYNC_THREADS = {"server": 1, "trainer": 1}
+
+
+def sync_threads(requested: int | None) -> dict[str, int]:
+    """The synchronous side's threads: its phases never overlap, so each may use every
+    core that is free. ``None``: the cores not busy with other work (load average), since
+    on a shared machine two threads on one free core run several times slower than one."""
+    import os
+
+    if requested is None:
+        cores = os.cpu_count() or 1
+        requested = max(1, min(cores, cores - round(os.getloadavg()[0])))
+    return {"server": requested, "trainer": requested}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a short run (< 1 minute)")
+    parser.add_argument("--preset", default=None, help="model size preset (tiny quick, small)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per side")
+    parser.add_argument("--model", default=None, help="an existing model directory")
+    parser.add_argument(
+        "--sync-threads",
+        type=int,
+        default=None,
+        help="threads of each synchronous phase (default: the free cores, by load average)",
+    )
+
+
+def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> list[str]:
+    steps = args.steps or (6 if args.quick else 12)
+    return [
+        f"output_dir={out}",
+        f"name=eta{eta}",
+        f"model.path={model_dir}",
+        "model.max_context=160",
+        "rollout.prompts_per_step=8",
+        "rollout.n_samples=8",
+        "rollout.max_new_tokens=48" if args.quick else "rollout.max_new_tokens=96",
+        f"rollout.eta={eta}",
+        f"rollout.server_threads={threads['server']}",
+        f"train.trainer_threads={threads['trainer']}",
+        "runtime.threads=1",
+        "algo.loss=decoupled",
+        "algo.dynamic_sampling=false",
+        f"train.total_steps={steps}",
+        "train.save_final=false",
+        "train.progress=false",
+        "eval.num_problems=1",
+        "eval.max_new_tokens=8",
+    ]
+
+
+def measure(run_dir: Path) -> dict[str, float]:
+    """Trained tokens, loop seconds and mean stage times from a run's logs."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train_tokens" in r]
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    tokens = sum(s["completion_tokens"] for s in samples)
+    seconds = steps[-1]["elapsed_s"]
+    n = len(steps)
+    train = sum(r["time_prox_s"] + r["time_update_s"] for r in steps) / n
+    sync = sum(r["time_sync_s"] for r in steps) / n
+    wait = sum(r["time_wait_s"] for r in steps) / n
+    # the first step also waits for the servers' warm-up; count steps 2.. for stage times
+    later = steps[1:] or steps
+    gen = sum(r["time_wait_s"] for r in later) / len(later)
+    return {
+        "tokens": float(tokens),
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "t_train": train + sync,
+        "t_gen": gen,
+        "t_wait": wait,
+        "staleness_mean": sum(r["staleness_mean"] for r in steps) / n,
+    }
+
+
+def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> dict[str, Any]:
+    from relayrl.config.loader import load_config
+    from relayrl.train.rl import run_train
+
+    config = load_config(None, _overrides(args, out, model_dir, eta, threads))
+    run_train(config, progress=False)
+    return measure(out / f"eta{eta}")
+
+
+def _model_dir(args, out: Path) -> Path:
+    if args.model:
+        return Path(args.model)
+    from relayrl.models.build import create_model_dir
+    from relayrl.tasks.registry import make_task
+
+    preset = args.preset or ("tiny" if args.quick else "small")
+    model_dir = out / f"{preset}_model"
+    create_model_dir(
+        model_dir, make_task("arithmetic"), preset, seed=0, max_position_embeddings=160
+    )
+    return model_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-async-") as tmp:
+        out = Path(tmp)
+        model_dir = _model_dir(args, out)
+        sync_t = sync_threads(args.sync_threads)
+        sync = _run(args, out, model_dir, 0, sync_t)
+        asyn = _run(args, out, model_dir, 4, ASYNC_THREADS)
+    limit = (sync["t_gen"] + sync["t_train"]) / max(sync["t_gen"], sync["t_train"], 1e-9)
+    print(
+        f"sync: eta=0 server_threads={sync_t['server']} "
+        f"trainer_threads={sync_t['trainer']} seconds={sync['seconds']:.1f} "
+        f"t_gen_per_step={sync['t_gen']:.2f} t_train_per_step={sync['t_train']:.2f}"
+    )
+    print(
+        f"async: eta=4 server_threads={ASYNC_THREADS['server']} "
+        f"trainer_threads={ASYNC_THREADS['trainer']} seconds={asyn['seconds']:.1f} "
+        f"wait_per_step={asyn['t_wait']:.2f} t_train_per_step={asyn['t_train']:.2f} "
+        f"staleness_mean={asyn['staleness_mean']:.2f}"
+    )
+    print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
+    print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")
+    print(f"overlap_limit={limit:.2f}")
+    print(f"async_speedup={asyn['tokens_per_s'] / sync['tokens_per_s']:.2f}")
+    return 0
