@@ -35,7 +35,7 @@ class ModelConfig(Section):
         None, description="existing Hugging Face model directory; null = build from preset"
     )
     preset: Literal["tiny", "small", "medium"] = Field(
-        "small", description="size preset when building: tiny ~0.4M, small ~3M, medium ~25M"
+        "tiny", description="size preset when building: tiny ~0.4M, small ~3M, medium ~25M"
     )
     max_context: int = Field(256, gt=8, description="maximum prompt + completion tokens")
     vocab_size: int = Field(384, ge=260, description="BPE vocabulary when training a tokenizer")
@@ -46,9 +46,9 @@ class ModelConfig(Section):
 class SFTConfig(Section):
     """The SFT warm start (`relayrl sft`)."""
 
-    steps: int = Field(1500, gt=0, description="optimizer steps")
+    steps: int = Field(700, gt=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="sequences per step")
-    lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
+    lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)

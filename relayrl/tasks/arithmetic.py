@@ -2,11 +2,14 @@
 
 A problem is a start value and a chain of operations applied left to right::
 
-    prompt:      Start at 17, then +5, *3, -8. What is the result?
-    completion:  17+5=22
-                 22*3=66
-                 66-8=58
+    prompt:      Start at 17. Steps: a +5, b *3, c -8. What is the result?
+    completion:  a 17+5=22
+                 b 22*3=66
+                 c 66-8=58
                  #### 58
+
+Steps are labelled so a line finds its operation in the prompt by its label (a content
+lookup) rather than by counting positions, which small models learn much faster.
 
 The number of steps is ``min_steps`` plus a geometric tail (continue with probability
 ``tail``) capped at ``max_steps``, so response lengths have a long tail. Every intermediate
@@ -24,13 +27,19 @@ _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a 
 _WRONG_DELTAS = (-10, -2, -1, 1, 2, 10)
 
 
+def _label(index: int) -> str:
+    """Step labels a, b, ..., z, then aa, ab, ... for very long chains."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[index] if index < 26 else _label(index // 26 - 1) + letters[index % 26]
+
+
 @dataclass
 class ArithmeticTask(SyntheticTask):
     min_steps: int = 2
     max_steps: int = 10
     tail: float = 0.6
-    max_operand: int = 9
-    max_value: int = 99
+    max_operand: int = 5
+    max_value: int = 30
     test_fraction: float = 0.1
     name: str = "arithmetic"
 
@@ -58,8 +67,8 @@ class ArithmeticTask(SyntheticTask):
             op, b = rng.choice(self._valid_ops(value))
             ops.append((op, b))
             value = _APPLY[op](value, b)
-        chain = ", ".join(f"{op}{b}" for op, b in ops)
-        prompt = f"Start at {start}, then {chain}. What is the result?"
+        chain = ", ".join(f"{_label(i)} {op}{b}" for i, (op, b) in enumerate(ops))
+        prompt = f"Start at {start}. Steps: {chain}. What is the result?"
         key = f"{start}|{chain}"
         meta = {"start": start, "ops": [list(o) for o in ops]}
         return key, Problem(problem_id, prompt, str(value), "math", meta)
@@ -73,7 +82,7 @@ class ArithmeticTask(SyntheticTask):
             if i == bad_step:
                 deltas = [d for d in _WRONG_DELTAS if result + d >= 0]
                 result += rng.choice(deltas)
-            lines.append(f"{value}{op}{b}={result}")
+            lines.append(f"{_label(i)} {value}{op}{b}={result}")
             value = result
         lines.append(f"#### {value}")
         return "\n".join(lines)
