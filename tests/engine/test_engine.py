@@ -17,14 +17,25 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], list(range(20, 37)),
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-    )
+    """``model.generate`` greedy for exactly ``n`` tokens.
+
+    EOS must neither stop generation nor be suppressed (``min_new_tokens`` would mask its
+    logit, changing the argmax), matching the engine's ``ignore_eos``: so the model's EOS is
+    unset for the call.
+    """
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert out.shape[1] == len(prompt) + n
     return out[0, len(prompt) :].tolist()
 
 
