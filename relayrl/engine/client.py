@@ -5,6 +5,10 @@ backoff on connection errors (never on 4xx), round-robin over servers with stick
 same ``key`` always goes to the same server), broadcasting of pause / continue / weight
 updates to every server, and *resubmission after abort*.
 
+Transport: plain ``http://`` servers go through :class:`relayrl.engine.http.FastHTTP` (O(1)
+Python work per request; httpx's pool is O(connections²) per request, which with hundreds of
+requests in flight starved the trainer of the GIL); other schemes through httpx.
+
 Resubmission: when a result comes back with finish_reason "abort" (a weight update paused the
 servers), :meth:`RolloutClient.generate` waits until generation is resumed (when this client
 issued the pause, until its ``continue_generation``; otherwise the server itself queues the
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json as jsonlib
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
+from relayrl.engine.http import ConnectError, FastHTTP
 from relayrl.engine.types import SamplingParams
 
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
@@ -107,6 +113,7 @@ class RolloutClient:
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections),
         )
+        self._fast = FastHTTP(headers, timeout, connect_timeout, max_connections)
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_resubmits = max_resubmits
@@ -122,6 +129,7 @@ class RolloutClient:
         await self.close()
 
     async def close(self) -> None:
+        await self._fast.aclose()
         await self._http.aclose()
 
     # ------------------------------------------------------------------ routing
@@ -141,6 +149,8 @@ class RolloutClient:
 
     async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
         """One HTTP call with retries on connection errors; raises RolloutServerError."""
+        if FastHTTP.supports(url):
+            return await self._request_fast(method, url, path, json)
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
@@ -159,6 +169,26 @@ class RolloutClient:
                     response.status_code,
                 )
             return response.json()
+        raise RolloutServerError(
+            url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
+        ) from last
+
+    async def _request_fast(self, method: str, url: str, path: str, json: Any) -> Any:
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                status, body = await self._fast.request(method, url, path, json)
+            except (ConnectError, ConnectionError, asyncio.IncompleteReadError) as exc:
+                last = exc
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff * 2**attempt)
+                continue
+            except asyncio.TimeoutError as exc:
+                raise RolloutServerError(url, f"{path} timed out: {exc!r}") from exc
+            if status >= 400:
+                text = body.decode("utf-8", "replace")
+                raise RolloutServerError(url, f"{path} -> HTTP {status}: {text}", status)
+            return jsonlib.loads(body)
         raise RolloutServerError(
             url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
         ) from last
