@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "grade": "grade",
     "eval": "eval",
+    "report": "report",
     "train": "train",
 }
 
