@@ -100,9 +100,8 @@ class SandboxProcess:
         self.close()
 
 
-def _uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is ``uid``."""
-    pids = []
+def _live_processes():
+    """(pid, uid, ppid) of every live (non-zombie) process, read from /proc."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -111,10 +110,15 @@ def _uid_processes(uid: int) -> list[int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        state, uids = fields.get("State", "Z").split(), fields.get("Uid", "-1").split()
-        if state and state[0] != "Z" and int(uids[0]) == uid:
-            pids.append(int(entry.name))
-    return pids
+        state = fields.get("State", "Z").split()
+        if state and not state[0].startswith("Z"):
+            uid = int(fields.get("Uid", "-1").split()[0])
+            yield int(entry.name), uid, int(fields.get("PPid", "0").strip() or 0)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is ``uid``."""
+    return [pid for pid, owner, _ in _live_processes() if owner == uid]
 
 
 def kill_uid(uid: int, attempts: int = 5) -> None:
@@ -228,19 +232,9 @@ def kill_orphaned_sandboxes() -> None:
     """
     if os.geteuid() != 0:
         return
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        uid = int(fields.get("Uid", "-1").split()[0])
-        ppid = int(fields.get("PPid", "0").strip() or 0)
-        if uid >= BASE_UID and not fields.get("State", "Z").split()[0].startswith("Z"):
-            if _parent_uid(ppid) not in (0, uid) or ppid == 1:
-                kill_uid(uid)
+    for _, uid, ppid in _live_processes():
+        if uid >= BASE_UID and (_parent_uid(ppid) not in (0, uid) or ppid == 1):
+            kill_uid(uid)
 
 
 def _parent_uid(pid: int) -> int:
