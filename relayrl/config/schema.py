@@ -100,9 +100,11 @@ class RolloutConfig(Section):
         "oldest weights that produced it (0 = synchronous RL)",
     )
     concurrency: int = Field(
-        0,
-        ge=0,
-        description="max requests in flight from the controller (0 = only the η bound limits)",
+        -1,
+        ge=-1,
+        description="max requests in flight from the controller (-1 = 2·prompts_per_step·"
+        "n_samples, so the oldest groups are not queued behind (η + 1)·B·n requests; "
+        "0 = only the η bound limits)",
     )
     num_servers: int = Field(1, gt=0, description="rollout server processes")
     server_threads: int = Field(1, gt=0, description="torch threads of each rollout server")
