@@ -46,7 +46,7 @@ class ModelConfig(Section):
 class SFTConfig(Section):
     """The SFT warm start (`relayrl sft`)."""
 
-    steps: int = Field(700, gt=0, description="optimizer steps")
+    steps: int = Field(800, gt=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="sequences per step")
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
