@@ -90,6 +90,13 @@ def parse_generation(url: str, data: dict[str, Any]) -> Generation:
     )
 
 
+def _params_dict(sampling_params: SamplingParams | dict[str, Any]) -> dict[str, Any]:
+    """A mutable dict copy of sampling parameters given as a dataclass or a dict."""
+    if isinstance(sampling_params, SamplingParams):
+        return asdict(sampling_params)
+    return dict(sampling_params)
+
+
 class RolloutClient:
     """Async client over ``urls``; use ``async with`` or call :meth:`close`."""
 
@@ -233,11 +240,7 @@ class RolloutClient:
         url: str | None = None,
     ) -> Generation:
         """One ``/generate`` call, no resubmission."""
-        params = (
-            asdict(sampling_params)
-            if isinstance(sampling_params, SamplingParams)
-            else dict(sampling_params)
-        )
+        params = _params_dict(sampling_params)
         params = {k: v for k, v in params.items() if v is not None and v != []}
         url = url or self.server_for(key)
         body = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
@@ -250,11 +253,7 @@ class RolloutClient:
         key: str | None = None,
     ) -> Generation:
         """Generate to completion, resubmitting after aborts (see the module docstring)."""
-        params = (
-            asdict(sampling_params)
-            if isinstance(sampling_params, SamplingParams)
-            else dict(sampling_params)
-        )
+        params = _params_dict(sampling_params)
         budget = int(params.get("max_new_tokens", 128))
         seed = params.get("seed")
         url = self.server_for(key)
