@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-def _interrupt_on_sigterm() -> None:
+def interrupt_on_sigterm() -> None:
     """SIGTERM stops the run like Ctrl-C: servers and graders are shut down cleanly."""
 
     def handler(signum, frame):  # noqa: ARG001
@@ -28,7 +28,7 @@ def _interrupt_on_sigterm() -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_run_config(args)
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     from relayrl.train.rl import run_train
 
     result = run_train(config)
