@@ -135,7 +135,10 @@ class MlflowSink:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(mlflow_uri(config.train.mlflow_tracking_uri, os.environ, run_dir))
+        uri = mlflow_uri(config.train.mlflow_tracking_uri, os.environ, run_dir)
+        if uri.startswith("file:"):  # MLflow >= 3.x refuses file stores unless opted in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(config.train.mlflow_experiment)
         self.run = mlflow.start_run(run_name=config.name)
         params = flatten(config.model_dump(mode="json"))

@@ -63,3 +63,49 @@ def test_missing_backend_names_the_extra_before_anything_starts(backend, tmp_pat
     with pytest.raises(RelayError, match=f"train.loggers includes '{backend}'"):
         run_train(config)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+ROWS = [{"step": 1, "reward_mean": 0.25, "eval_pass@1": 0.5}, {"step": 2, "reward_mean": 0.75}]
+
+
+def log_rows(run_dir, backend: str, monkeypatch) -> None:
+    """ROWS through a RunLogger whose only sink is ``backend``, with no tracking variables."""
+    from relayrl.config.loader import load_config
+    from relayrl.train.loggers import SINKS
+    from relayrl.train.metrics import RunLogger
+
+    for var in ("WANDB_MODE", "MLFLOW_TRACKING_URI", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir.mkdir()
+    config = load_config(None, [f"output_dir={run_dir.parent}", f"name={run_dir.name}"])
+    logger = RunLogger(run_dir, [SINKS[backend](run_dir, config)])
+    for row in ROWS:
+        logger.log_step(row)
+    logger.close()
+
+
+def test_mlflow_sink_writes_a_local_store(tmp_path, monkeypatch):
+    """Runs where the mlflow extra is installed: metrics read back from <run>/mlruns."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    run = tmp_path / "run"
+    log_rows(run, "mlflow", monkeypatch)
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    [logged] = client.search_runs([client.get_experiment_by_name("relayrl").experiment_id])
+    history = client.get_metric_history(logged.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
+    assert [m.value for m in client.get_metric_history(logged.info.run_id, "eval_pass_at_1")] == [
+        0.5
+    ]
+    assert logged.data.params["optim.lr"] == "0.0002"
+
+
+def test_wandb_sink_runs_offline(tmp_path, monkeypatch):
+    """Runs where the wandb extra is installed: an offline run directory, no network."""
+    pytest.importorskip("wandb")
+    run = tmp_path / "run"
+    log_rows(run, "wandb", monkeypatch)
+    [offline] = (run / "wandb").glob("offline-run-*")
+    assert list(offline.glob("run-*.wandb"))
