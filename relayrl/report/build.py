@@ -17,9 +17,12 @@ from pathlib import Path
 
 from relayrl.report.logs import RunLogs, load_run
 
-REPLAY_PREFIXES = ("replay_",)  # D-ARL replay buffer: kept fraction per version, sizes
-ALPHA_PREFIXES = ("darl_alpha", "alpha_")  # D-ARL multi-behaviour weights α_k
-MAX_SERIES = 12  # series drawn per chart (a run may log one per behaviour version)
+# D-ARL metrics, charted by key prefix whatever versions they name: the replay buffer's
+# kept fraction and size per behaviour version (relayrl.algo.darl logs select/kept_frac/v<k>,
+# relayrl.buffer.replay buffer/count/v<k>) and the multi-behaviour weights α_k.
+REPLAY_PREFIXES = ("replay_", "replay/", "select/kept_frac", "buffer/")
+ALPHA_PREFIXES = ("darl_alpha", "alpha_", "mbpo/alpha")
+MAX_LEGEND = 12  # legend entries of a chart (a run may log one series per version)
 TIME_SPLIT = [
     ("time_wait_s", "waiting for data"),
     ("time_prox_s", "proximal pass"),
@@ -130,30 +133,38 @@ def prefixed_keys(logs: RunLogs, prefixes: tuple[str, ...]) -> list[str]:
     return sorted(keys, key=natural_key)
 
 
+def series_colors(n: int) -> list:
+    """Distinct colours for up to 10 series, else an old → new gradient (one per version)."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    from matplotlib import colormaps
+
+    return [colormaps["viridis"](i / (n - 1)) for i in range(n)]
+
+
 def chart_prefixed(ax, logs: RunLogs, prefixes: tuple[str, ...], title: str) -> bool:
-    """Every metric whose key starts with one of ``prefixes``, against step (at most
-    ``MAX_SERIES``). Series that stay within [0, 1] (fractions, weights) use the left axis,
-    the others (counts, sizes) the right one, dashed."""
+    """Every metric whose key starts with one of ``prefixes``, against step. Series that stay
+    within [0, 1] (fractions, weights) use the left axis, the others (counts, sizes) the right
+    one, dashed. The legend lists the first and last ``MAX_LEGEND / 2`` series."""
     keys = prefixed_keys(logs, prefixes)
     if not keys:
         return False
-    shown = keys[:MAX_SERIES]
-    unit = [k for k in shown if all(0 <= y <= 1 for y in logs.series(k)[1])]
+    unit = {k for k in keys if all(0 <= y <= 1 for y in logs.series(k)[1])}
     ax.set(title=title, xlabel="step", ylabel="fraction" if unit else None)
-    right = ax.twinx() if unit and len(unit) < len(shown) else ax
-    for i, key in enumerate(shown):
+    right = ax.twinx() if unit and len(unit) < len(keys) else ax
+    for key, color in zip(keys, series_colors(len(keys)), strict=True):
         xs, ys = logs.series(key)
         axis, style = (ax, "-") if key in unit else (right, "--")
-        axis.plot(
-            xs, ys, style, color=f"C{i % 10}", label=key, marker="." if len(xs) < 40 else None
-        )
+        axis.plot(xs, ys, style, color=color, label=key, marker="." if len(xs) < 40 else None)
     handles = ax.get_legend_handles_labels()[0]
     if right is not ax:
         handles += right.get_legend_handles_labels()[0]
-    if len(keys) > len(shown):
+    if len(handles) > MAX_LEGEND:
         from matplotlib.lines import Line2D
 
-        handles.append(Line2D([], [], linestyle="", label=f"+{len(keys) - len(shown)} not drawn"))
+        half = MAX_LEGEND // 2
+        more = Line2D([], [], linestyle="", label=f"… {len(handles) - 2 * half} more")
+        handles = handles[:half] + [more] + handles[-half:]
     ax.legend(handles=handles, loc="best", fontsize=7)
     return True
 
@@ -308,6 +319,27 @@ def render_samples(logs: RunLogs) -> list[str]:
     return parts
 
 
+SUMMARY_KEYS = ("step", "version", "reward_mean", "pass_rate", "staleness_mean", "elapsed_s")
+
+
+def training_rows(logs: RunLogs) -> list[dict]:
+    """The metrics rows of optimizer steps (evaluation-only rows left out)."""
+    return [m for m in logs.metrics if "reward_mean" in m]
+
+
+def run_summary(logs: RunLogs) -> dict:
+    """The last training step's headline numbers and the latest held-out evaluation."""
+    steps = training_rows(logs)
+    last = steps[-1] if steps else {}
+    summary = {k: last[k] for k in SUMMARY_KEYS if k in last}
+    evals = [m for m in logs.metrics if "eval_pass@1" in m]
+    if evals:
+        summary["eval_pass@1"] = evals[-1]["eval_pass@1"]
+        summary["eval_version"] = evals[-1].get("eval_version", evals[-1].get("version"))
+        summary["eval_problems"] = evals[-1].get("eval_problems")
+    return summary
+
+
 def render_html(
     run_dir: Path, logs: RunLogs, charts: dict[str, Path], skipped: dict[str, str]
 ) -> str:
@@ -318,17 +350,13 @@ def render_html(
         f"pre{{white-space:pre-wrap;margin:0}} pre.prompt{{color:#666}} .note{{color:#a60}} "
         f"td{{vertical-align:top;border-top:1px solid #ddd;padding:4px}}</style></head><body>",
         f"<h1>relayrl run report: {html.escape(run_dir.name)}</h1>",
-        f"<p>{len(logs.metrics)} steps logged, {len(logs.samples)} trained samples.</p>",
+        f"<p>{len(training_rows(logs))} training steps logged, {len(logs.samples)} trained "
+        "samples.</p>",
     ]
-    last = logs.metrics[-1] if logs.metrics else {}
-    summary = {
-        k: last[k]
-        for k in ("step", "version", "reward_mean", "eval_pass@1", "staleness_max", "elapsed_s")
-        if k in last
-    }
+    summary = run_summary(logs)
     if summary:
         parts.append(
-            "<h2>Last step</h2><pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"
+            "<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"
         )
     parts.append("<h2>Charts</h2>")
     for name, path in charts.items():

@@ -5,15 +5,18 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.algo.darl import BehaviourPlan, SelectionResult, VersionSelection
 from relayrl.cli import main
 from relayrl.errors import RelayError
 from relayrl.report.build import (
+    ALPHA_PREFIXES,
     CHARTS,
     REPLAY_PREFIXES,
     TEXT_MISSING,
     build_report,
     prefixed_keys,
     render_samples,
+    run_summary,
 )
 from relayrl.report.logs import load_run
 from relayrl.train.rl import run_train
@@ -46,6 +49,9 @@ def test_report_from_a_real_run_has_every_chart(short_run, capsys):
     for name in DARL_CHARTS:
         assert f"skipped chart {name}" in out
         assert not (short_run / "report" / f"{name}.png").exists()
+    summary = run_summary(load_run(short_run))  # the last step and the final evaluation
+    assert (summary["step"], summary["eval_version"], summary["eval_problems"]) == (3, 3, 4)
+    assert "3 training steps logged, 24 trained samples" in text
 
 
 def test_report_lists_best_and_worst_trajectories_with_text(short_run):
@@ -73,19 +79,34 @@ def test_report_without_text_says_so(short_run, tmp_path):
     assert TEXT_MISSING in text and text.count("<td>best</td>") == 6
 
 
+def darl_metrics(step: int) -> dict[str, float]:
+    """The D-ARL metrics of one step, named as relayrl.algo.darl logs them (absolute
+    versions step-2 … step) plus a replay_* key of another naming style."""
+    versions = range(max(0, step - 2), step + 1)
+    selection = SelectionResult(
+        keep=[],
+        reference_version=step,
+        cutoff=0.5,
+        per_version={v: VersionSelection(4, 4 - (step - v), 0.1) for v in versions},
+    )
+    plan = BehaviourPlan(
+        alphas={v: 1 / len(versions) for v in versions},
+        ess={v: 10.0 for v in versions},
+        token_counts={v: 64 for v in versions},
+        coef_by_version={},
+    )
+    return {**selection.log_stats(), **plan.log_stats(), "replay_buffer_size": 40.0 + step}
+
+
 def test_report_draws_darl_metrics_by_prefix(short_run, tmp_path):
-    """Any replay_* / darl_alpha* keys get charts: fractions on the left axis, counts right."""
+    """Replay / α_k metrics get charts by key prefix: fractions on the left axis, counts on
+    the right; a chart per prefix group, whatever versions the keys name."""
     run = tmp_path / "darl"
     run.mkdir()
     rows = [json.loads(x) for x in (short_run / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         if "reward_mean" in row:
-            row.update(
-                {f"replay_kept_fraction_v{k}": 1.0 / (k + 1) for k in range(3)},
-                replay_buffer_size=40.0 + row["step"],
-                darl_alpha_0=0.7,
-                darl_alpha_1=0.3,
-            )
+            row.update(darl_metrics(row["step"]))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = build_report(run)
     assert DARL_CHARTS <= set(report.charts)
@@ -95,10 +116,12 @@ def test_report_draws_darl_metrics_by_prefix(short_run, tmp_path):
         assert f"alt='{name}'" in text
     assert prefixed_keys(load_run(run), REPLAY_PREFIXES) == [
         "replay_buffer_size",
-        "replay_kept_fraction_v0",
-        "replay_kept_fraction_v1",
-        "replay_kept_fraction_v2",
+        "select/kept_frac/v0",
+        "select/kept_frac/v1",
+        "select/kept_frac/v2",
+        "select/kept_frac/v3",
     ]
+    assert prefixed_keys(load_run(run), ALPHA_PREFIXES) == [f"mbpo/alpha/v{v}" for v in range(4)]
 
 
 def test_report_with_missing_optional_metrics_still_builds(short_run, tmp_path):
