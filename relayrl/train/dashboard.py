@@ -13,6 +13,7 @@ library.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -49,8 +50,15 @@ def clock(seconds: float) -> str:
 
 
 def is_terminal(stream: TextIO) -> bool:
+    """A terminal a bar can be drawn on: a TTY whose width is not 0 (a pseudo-terminal
+    without a size, as some CI runners allocate, gets plain lines)."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
+    if not (isatty and isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # no file descriptor: trust isatty()
+        return True
 
 
 class Dashboard:

@@ -71,3 +71,25 @@ def test_live_bar_on_a_terminal():
 def test_status_line_skips_what_a_step_did_not_log():
     assert status_line({"step": 1, "reward_mean": 0.5, "eval_pass@1": None}) == "reward 0.500"
     assert clock(59.94) == "59.9s" and clock(125) == "2m05s" and clock(3725) == "1h02m05s"
+
+
+def test_a_real_pseudo_terminal_gets_the_bar_unless_it_has_no_width():
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    from relayrl.train.dashboard import is_terminal
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "w", closefd=False) as stream:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+            assert not is_terminal(stream)  # a size-less pty (some CI runners): plain lines
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+            assert is_terminal(stream)
+        assert not is_terminal(io.StringIO())
+    finally:
+        os.close(master)
+        os.close(slave)
