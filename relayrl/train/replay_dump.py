@@ -161,9 +161,11 @@ class _Replay:
         self.trainer = RLTrainer(model, config, pad_id=self.tokenizer.pad_token_id)
         task = make_task(config.task.name, config.task.params)
         self.test = task.problems("test", config.eval.num_problems, config.task.seed)
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        self.logger = RunLogger.from_config(run_dir, config, decode)
+        self.logger = RunLogger.from_config(run_dir, config, self.decode)
         self.evals: list[dict[str, Any]] = []
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def evaluate(self, problems: list) -> dict[str, Any]:
         result = eval_metrics(self.trainer, self.tokenizer, problems, self.config)
