@@ -186,9 +186,35 @@ class TrainConfig(Section):
         None, description="where published weights go (null: /dev/shm if present, else run dir)"
     )
     save_final: bool = Field(True, description="save <run>/final_model (Hugging Face directory)")
-    log_text: bool = Field(False, description="write completion text into samples.jsonl")
-    tensorboard: bool = Field(False, description="also log metrics to <run>/tb (needs tensorboard)")
-    progress: bool = Field(True, description="console progress bar")
+    log_text: bool = Field(
+        True, description="write each sample's prompt and completion text into samples.jsonl"
+    )
+    dump_trajectories: bool = Field(
+        False,
+        description="also write every trained trajectory in full into samples.jsonl (token "
+        "ids, behaviour logprobs, versions, reward, advantage) for `relayrl train --replay-from`",
+    )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
+        None,
+        description="metric loggers besides metrics.jsonl (null = [tensorboard] when "
+        "tensorboard is installed, else []); wandb / mlflow need relayrl[wandb] / relayrl[mlflow]",
+    )
+    wandb_project: str = Field("relayrl", description="W&B project")
+    wandb_mode: Literal["offline", "online", "disabled"] | None = Field(
+        None, description="W&B mode (null = $WANDB_MODE if set, else offline: no network)"
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow store (null = $MLFLOW_TRACKING_URI if set, else <run>/mlruns)"
+    )
+    mlflow_experiment: str = Field("relayrl", description="MLflow experiment name")
+    progress: bool = Field(
+        True,
+        description="live console dashboard (a bar on a terminal, plain lines otherwise); "
+        "false = quiet",
+    )
+    log_every: int = Field(
+        10, ge=0, description="steps between plain progress lines when stdout is not a terminal"
+    )
 
 
 class RunConfig(Section):

@@ -9,12 +9,20 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from relayrl.errors import RelayError
+from relayrl.report.logs import RunLogs, load_run
 
+# D-ARL metrics, charted by key prefix whatever versions they name: the replay buffer's
+# kept fraction and size per behaviour version (relayrl.algo.darl logs select/kept_frac/v<k>,
+# relayrl.buffer.replay buffer/count/v<k>) and the multi-behaviour weights α_k.
+REPLAY_PREFIXES = ("replay_", "replay/", "select/kept_frac", "buffer/")
+ALPHA_PREFIXES = ("darl_alpha", "alpha_", "mbpo/alpha")
+MAX_LEGEND = 12  # legend entries of a chart (a run may log one series per version)
 TIME_SPLIT = [
     ("time_wait_s", "waiting for data"),
     ("time_prox_s", "proximal pass"),
@@ -24,50 +32,10 @@ TIME_SPLIT = [
 
 
 @dataclass
-class RunLogs:
-    metrics: list[dict]
-    samples: list[dict]
-
-    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
-        rows = [m for m in self.metrics if key in m and x in m and m[key] is not None]
-        return [r[x] for r in rows], [r[key] for r in rows]
-
-    def has(self, key: str) -> bool:
-        return any(key in m and m[key] is not None for m in self.metrics)
-
-
-@dataclass
 class Report:
     html_path: Path
     charts: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (a run killed mid-write) is ignored."""
-    if not path.is_file():
-        return []
-    rows = []
-    lines = path.read_text().splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break
-            raise RelayError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-    return rows
-
-
-def load_run(run_dir: Path) -> RunLogs:
-    if not run_dir.is_dir():
-        raise RelayError(f"run directory {str(run_dir)!r} does not exist")
-    logs = RunLogs(read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "samples.jsonl"))
-    if not logs.metrics and not logs.samples:
-        raise RelayError(f"{run_dir} has neither metrics.jsonl nor samples.jsonl to report on")
-    return logs
 
 
 # ---------------------------------------------------------------- charts
@@ -101,7 +69,7 @@ def chart_lengths(ax, logs: RunLogs) -> bool:
     by_step: dict[int, list[int]] = {}
     for s in logs.samples:
         if "completion_tokens" in s and "step" in s:
-            by_step.setdefault(s["step"], []).append(s["completion_tokens"])
+            by_step.setdefault(s["step"] + 1, []).append(s["completion_tokens"])
     if not by_step:
         return False
     steps = sorted(by_step)
@@ -145,22 +113,71 @@ def chart_importance(ax, logs: RunLogs) -> bool:
 
 
 def chart_ess(ax, logs: RunLogs) -> bool:
-    keys = [("ess_frac", "ESS / N")]
-    keys += sorted(
-        {(k, k) for m in logs.metrics for k in m if k.startswith(("replay_kept_frac", "alpha_"))}
-    )
-    ax.set(title="effective sample size and replay weights", xlabel="step")
-    return _lines(ax, logs, keys, "step")
+    ax.set(title="effective sample size of π_prox/μ", xlabel="step", ylabel="ESS / N")
+    return _lines(ax, logs, [("ess_frac", "ESS / N")], "step")
+
+
+def natural_key(key: str) -> list:
+    """``v2`` before ``v10``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
+
+
+def prefixed_keys(logs: RunLogs, prefixes: tuple[str, ...]) -> list[str]:
+    """Numeric metric keys starting with any of ``prefixes``, in natural order."""
+    keys = {
+        k
+        for m in logs.metrics
+        for k, v in m.items()
+        if k.startswith(prefixes) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    return sorted(keys, key=natural_key)
+
+
+def series_colors(n: int) -> list:
+    """Distinct colours for up to 10 series, else an old → new gradient (one per version)."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    from matplotlib import colormaps
+
+    return [colormaps["viridis"](i / (n - 1)) for i in range(n)]
+
+
+def chart_prefixed(ax, logs: RunLogs, prefixes: tuple[str, ...], title: str) -> bool:
+    """Every metric whose key starts with one of ``prefixes``, against step. Series that stay
+    within [0, 1] (fractions, weights) use the left axis, the others (counts, sizes) the right
+    one, dashed. The legend lists the first and last ``MAX_LEGEND / 2`` series."""
+    keys = prefixed_keys(logs, prefixes)
+    if not keys:
+        return False
+    unit = {k for k in keys if all(0 <= y <= 1 for y in logs.series(k)[1])}
+    ax.set(title=title, xlabel="step", ylabel="fraction" if unit else None)
+    right = ax.twinx() if unit and len(unit) < len(keys) else ax
+    for key, color in zip(keys, series_colors(len(keys)), strict=True):
+        xs, ys = logs.series(key)
+        axis, style = (ax, "-") if key in unit else (right, "--")
+        axis.plot(xs, ys, style, color=color, label=key, marker="." if len(xs) < 40 else None)
+    handles = ax.get_legend_handles_labels()[0]
+    if right is not ax:
+        handles += right.get_legend_handles_labels()[0]
+    if len(handles) > MAX_LEGEND:
+        from matplotlib.lines import Line2D
+
+        half = MAX_LEGEND // 2
+        more = Line2D([], [], linestyle="", label=f"… {len(handles) - 2 * half} more")
+        handles = handles[:half] + [more] + handles[-half:]
+    ax.legend(handles=handles, loc="best", fontsize=7)
+    return True
 
 
 def chart_time_split(ax, logs: RunLogs) -> bool:
     present = [(k, label) for k, label in TIME_SPLIT if logs.has(k)]
     if not present:
         return False
-    steps = [m["step"] for m in logs.metrics if "step" in m]
+    rows = [m for m in logs.metrics if "step" in m and any(k in m for k, _ in present)]
+    steps = [m["step"] for m in rows]
     bottom = [0.0] * len(steps)
     for key, label in present:
-        values = [float(m.get(key) or 0.0) for m in logs.metrics if "step" in m]
+        values = [float(m.get(key) or 0.0) for m in rows]
         ax.bar(steps, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(title="time per step", xlabel="step", ylabel="seconds")
@@ -182,6 +199,16 @@ CHARTS: dict[str, Callable] = {
     "staleness": chart_staleness,
     "importance_weights": chart_importance,
     "ess": chart_ess,
+    "replay": partial(
+        chart_prefixed,
+        prefixes=REPLAY_PREFIXES,
+        title="D-ARL replay: kept fraction per behaviour version",
+    ),
+    "darl_alpha": partial(
+        chart_prefixed,
+        prefixes=ALPHA_PREFIXES,
+        title="D-ARL policy weights α_k = ESS_k / Σ_j ESS_j",
+    ),
     "time_split": chart_time_split,
     "throughput": chart_throughput,
 }
@@ -192,12 +219,15 @@ def draw_charts(logs: RunLogs, out_dir: Path) -> tuple[dict[str, Path], dict[str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     charts, skipped = {}, {}
     for name, draw in CHARTS.items():
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
         try:
             if draw(ax, logs):
+                if ax.get_xlabel() == "step":
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.grid(alpha=0.3)
                 fig.tight_layout()
                 charts[name] = out_dir / f"{name}.png"
@@ -210,8 +240,17 @@ def draw_charts(logs: RunLogs, out_dir: Path) -> tuple[dict[str, Path], dict[str
 
 
 # ---------------------------------------------------------------- trajectories
-def extreme_samples(logs: RunLogs, steps: int = 3, per_step: int = 2) -> list[tuple[int, list]]:
-    """The best and worst trajectories (by reward, then advantage) at a few spread steps."""
+TEXT_MISSING = (
+    "Completion text was not recorded for this run (train.log_text=false): the tables show "
+    "rewards, advantages and lengths only. Set train.log_text=true to see the text."
+)
+
+
+def extreme_samples(
+    logs: RunLogs, steps: int = 3, per_step: int = 2
+) -> list[tuple[int, list[tuple[str, dict]]]]:
+    """``(step, [(label, sample), ...])``: the ``per_step`` best and worst trajectories (by
+    reward, then advantage) at ``steps`` steps spread over the run, best first."""
     by_step: dict[int, list[dict]] = {}
     for s in logs.samples:
         by_step.setdefault(s.get("step", 0), []).append(s)
@@ -223,20 +262,82 @@ def extreme_samples(logs: RunLogs, steps: int = 3, per_step: int = 2) -> list[tu
     )
     out = []
     for step in picks:
-        rows = sorted(by_step[step], key=lambda s: (s.get("reward", 0), s.get("advantage", 0)))
-        out.append((step, rows[-per_step:][::-1] + rows[:per_step]))
+        rows = sorted(
+            by_step[step], key=lambda s: (s.get("reward", 0), s.get("advantage", 0)), reverse=True
+        )
+        if len(rows) <= 2 * per_step:
+            chosen = [("best" if i < len(rows) / 2 else "worst", r) for i, r in enumerate(rows)]
+        else:
+            chosen = [("best", r) for r in rows[:per_step]]
+            chosen += [("worst", r) for r in rows[-per_step:]]
+        out.append((step, chosen))
     return out
 
 
-def _sample_row(s: dict) -> str:
-    text = s.get("completion_text") or s.get("text") or "(text not recorded: see config)"
-    prompt = s.get("prompt_text", "")
-    return (
-        f"<tr><td>{s.get('reward')}</td><td>{s.get('prompt_id', '')}</td>"
-        f"<td>{s.get('version_min', '')}–{s.get('version_max', '')}</td>"
-        f"<td>{s.get('finish_reason', '')}</td>"
-        f"<td><pre>{html.escape(prompt)}</pre><pre>{html.escape(text)}</pre></td></tr>"
+def _cell(value, fmt: str = "{}") -> str:
+    return "" if value is None else html.escape(fmt.format(value))
+
+
+def _sample_row(label: str, s: dict) -> str:
+    text = s.get("text")
+    stale = None
+    if "trainer_version" in s and "version_min" in s:
+        stale = s["trainer_version"] - s["version_min"]
+    cells = [
+        label,
+        _cell(s.get("reward"), "{:.3g}"),
+        _cell(s.get("advantage"), "{:+.3f}"),
+        _cell(stale),
+        _cell(s.get("completion_tokens")),
+        _cell(s.get("finish_reason")),
+        _cell(s.get("prompt_id")),
+    ]
+    body = "".join(f"<td>{c}</td>" for c in cells)
+    texts = ""
+    if s.get("prompt_text") is not None:
+        texts += f"<pre class='prompt'>{html.escape(s['prompt_text'])}</pre>"
+    texts += "<pre>" + (html.escape(text) if text is not None else "—") + "</pre>"
+    return f"<tr>{body}<td>{texts}</td></tr>"
+
+
+def render_samples(logs: RunLogs) -> list[str]:
+    """The best/worst trajectory tables (steps shown 1-based, as in metrics.jsonl)."""
+    parts = ["<h2>Best and worst sampled trajectories</h2>"]
+    picked = extreme_samples(logs)
+    if not picked:
+        return parts + ["<p>No samples were logged (samples.jsonl is empty or missing).</p>"]
+    if not any(s.get("text") is not None for _, rows in picked for _, s in rows):
+        parts.append(f"<p class='note'>{TEXT_MISSING}</p>")
+    header = "".join(
+        f"<th>{h}</th>"
+        for h in ("", "reward", "advantage", "staleness", "tokens", "finish", "prompt id", "text")
     )
+    for step, rows in picked:
+        parts.append(f"<h3>step {step + 1}</h3><table><tr>{header}</tr>")
+        parts.extend(_sample_row(label, s) for label, s in rows)
+        parts.append("</table>")
+    return parts
+
+
+SUMMARY_KEYS = ("step", "version", "reward_mean", "pass_rate", "staleness_mean", "elapsed_s")
+
+
+def training_rows(logs: RunLogs) -> list[dict]:
+    """The metrics rows of optimizer steps (evaluation-only rows left out)."""
+    return [m for m in logs.metrics if "reward_mean" in m]
+
+
+def run_summary(logs: RunLogs) -> dict:
+    """The last training step's headline numbers and the latest held-out evaluation."""
+    steps = training_rows(logs)
+    last = steps[-1] if steps else {}
+    summary = {k: last[k] for k in SUMMARY_KEYS if k in last}
+    evals = [m for m in logs.metrics if "eval_pass@1" in m]
+    if evals:
+        summary["eval_pass@1"] = evals[-1]["eval_pass@1"]
+        summary["eval_version"] = evals[-1].get("eval_version", evals[-1].get("version"))
+        summary["eval_problems"] = evals[-1].get("eval_problems")
+    return summary
 
 
 def render_html(
@@ -246,20 +347,16 @@ def render_html(
         f"<!doctype html><html><head><meta charset='utf-8'><title>relayrl report: "
         f"{html.escape(run_dir.name)}</title><style>body{{font-family:sans-serif;"
         f"max-width:1400px;margin:auto}} img{{max-width:48%;margin:4px}} "
-        f"pre{{white-space:pre-wrap;margin:0}} td{{vertical-align:top;border-top:1px solid "
-        f"#ddd;padding:4px}}</style></head><body>",
+        f"pre{{white-space:pre-wrap;margin:0}} pre.prompt{{color:#666}} .note{{color:#a60}} "
+        f"td{{vertical-align:top;border-top:1px solid #ddd;padding:4px}}</style></head><body>",
         f"<h1>relayrl run report: {html.escape(run_dir.name)}</h1>",
-        f"<p>{len(logs.metrics)} steps logged, {len(logs.samples)} trained samples.</p>",
+        f"<p>{len(training_rows(logs))} training steps logged, {len(logs.samples)} trained "
+        "samples.</p>",
     ]
-    last = logs.metrics[-1] if logs.metrics else {}
-    summary = {
-        k: last[k]
-        for k in ("step", "version", "reward_mean", "eval_pass@1", "staleness_max", "elapsed_s")
-        if k in last
-    }
+    summary = run_summary(logs)
     if summary:
         parts.append(
-            "<h2>Last step</h2><pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"
+            "<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"
         )
     parts.append("<h2>Charts</h2>")
     for name, path in charts.items():
@@ -267,14 +364,7 @@ def render_html(
         parts.append(f"<img alt='{name}' title='{name}' src='data:image/png;base64,{data}'>")
     if skipped:
         parts.append("<p>Skipped: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()) + "</p>")
-    parts.append("<h2>Best and worst sampled trajectories</h2>")
-    for step, rows in extreme_samples(logs):
-        parts.append(
-            f"<h3>step {step}</h3><table><tr><th>reward</th><th>prompt</th>"
-            f"<th>versions</th><th>finish</th><th>text</th></tr>"
-        )
-        parts.extend(_sample_row(s) for s in rows)
-        parts.append("</table>")
+    parts.extend(render_samples(logs))
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -1,18 +1,22 @@
 """Run logs of `relayrl train`: ``metrics.jsonl`` (one object per step), ``samples.jsonl``
-(every trained trajectory) and, optionally, TensorBoard scalars.
+(every trained trajectory: summary, text, optionally the whole trajectory) and the metric
+sinks of ``train.loggers`` (TensorBoard, W&B, MLflow).
 
-Owns: :class:`RunLogger`, :func:`batch_metrics` (reward, pass rate, lengths, versions of a
-batch). Imports: the Trajectory record and the standard library (TensorBoard lazily).
+Owns: :class:`RunLogger`, :func:`sample_record`, :func:`batch_metrics` (reward, pass rate,
+lengths, versions of a batch). Imports: the config schema, the Trajectory record, the
+sinks of ``relayrl.train.loggers`` and the standard library.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.schema import RunConfig
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.loggers import MetricSink, open_sinks, scalars
 
 PASS_THRESHOLD = 0.5  # a sample "passes" when its reward exceeds this (rewards are 0/1)
 
@@ -31,7 +35,15 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def sample_record(t: Trajectory, step: int, version: int, text: str | None) -> dict[str, Any]:
+def sample_record(
+    t: Trajectory,
+    step: int,
+    version: int,
+    decode: Callable[[list[int]], str] | None = None,
+    dump: bool = False,
+) -> dict[str, Any]:
+    """One ``samples.jsonl`` row: the summary, the text when ``decode`` is given and, with
+    ``dump``, the whole trajectory (``Trajectory.to_dict``) for ``--replay-from``."""
     record: dict[str, Any] = {
         "step": step,
         "trainer_version": version,
@@ -46,47 +58,60 @@ def sample_record(t: Trajectory, step: int, version: int, text: str | None) -> d
         "finish_reason": t.finish_reason,
         "completion_tokens": len(t.completion_ids),
     }
-    if text is not None:
-        record["text"] = text
+    if decode is not None:
+        record["prompt_text"] = decode(t.prompt_ids)
+        record["text"] = decode(t.completion_ids)
+    if dump:
+        record["trajectory"] = t.to_dict()
     return record
 
 
 class RunLogger:
-    """Appends to ``<run>/metrics.jsonl`` and ``<run>/samples.jsonl``; close() at the end."""
+    """Appends to ``<run>/metrics.jsonl`` and ``<run>/samples.jsonl`` and forwards every
+    step's scalars to the configured sinks (``relayrl.train.loggers``); close() at the end.
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+    ``decode(ids) -> text`` writes prompt and completion text into each sample row;
+    ``dump`` writes the whole trajectory too.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        sinks: Sequence[MetricSink] = (),
+        decode: Callable[[list[int]], str] | None = None,
+        dump: bool = False,
+    ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
+        self.sinks = list(sinks)
+        self.decode, self.dump = decode, dump
         self._metrics = open(self.metrics_path, "w")  # noqa: SIM115 - closed in close()
         self._samples = open(self.samples_path, "w")  # noqa: SIM115
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tb"))
+    @classmethod
+    def from_config(
+        cls, run_dir: Path, config: RunConfig, decode: Callable[[list[int]], str]
+    ) -> RunLogger:
+        """The logger ``config.train`` asks for (sinks, text, trajectory dump)."""
+        train = config.train
+        text = decode if train.log_text or train.dump_trajectories else None
+        return cls(run_dir, open_sinks(run_dir, config), text, train.dump_trajectories)
 
     def log_step(self, metrics: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(metrics) + "\n")
         self._metrics.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(key, value, metrics["step"])
+        values = scalars(metrics)
+        for sink in self.sinks:
+            sink.log(values, int(metrics["step"]))
 
-    def log_samples(
-        self,
-        trajs: Sequence[Trajectory],
-        step: int,
-        version: int,
-        texts: Sequence[str | None] | None = None,
-    ) -> None:
-        texts = texts if texts is not None else [None] * len(trajs)
-        for t, text in zip(trajs, texts, strict=True):
-            self._samples.write(json.dumps(sample_record(t, step, version, text)) + "\n")
+    def log_samples(self, trajs: Sequence[Trajectory], step: int, version: int) -> None:
+        for t in trajs:
+            record = sample_record(t, step, version, self.decode, self.dump)
+            self._samples.write(json.dumps(record) + "\n")
         self._samples.flush()
 
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self.sinks:
+            sink.close()

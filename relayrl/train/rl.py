@@ -12,7 +12,7 @@ admission bound would starve the trainer): save safetensors (``/dev/shm`` when p
 client resubmits the aborted requests with their partial output.
 
 Imports: config, engine client, rewards pool, eval, tasks, models, rollout controller,
-trainer, run logger, launcher.
+trainer, run logger and loggers, console dashboard, launcher.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
 from relayrl.tasks.base import Problem
+from relayrl.train.dashboard import Dashboard
+from relayrl.train.loggers import check_loggers
 from relayrl.train.metrics import RunLogger, batch_metrics
 from relayrl.train.trainer import RLTrainer
 
@@ -103,6 +105,21 @@ def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, s
         model.train()
 
 
+def eval_metrics(
+    trainer: RLTrainer, tokenizer, problems: list[Problem], config: RunConfig
+) -> dict[str, Any]:
+    """The metrics row of one held-out evaluation of the trainer's current weights."""
+    start = time.perf_counter()
+    cfg = config.eval.model_copy(update={"num_problems": len(problems)})
+    report = evaluate_model(trainer.model, tokenizer, problems, cfg, config.seed)
+    return {
+        "eval_pass@1": report.pass_at_1,
+        "eval_version": trainer.version,
+        "eval_problems": report.num_problems,
+        "time_eval_s": time.perf_counter() - start,
+    }
+
+
 class _Job:
     """Everything one run holds; ``loop()`` is the training coroutine."""
 
@@ -122,7 +139,7 @@ class _Job:
         self.test_periodic = test[: config.train.eval_problems]
         self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
         self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-        self.logger = RunLogger(run_dir, config.train.tensorboard)
+        self.logger = RunLogger.from_config(run_dir, config, self.decode)
         self.weights = weights_root(config, run_dir)
         self.evals: list[dict[str, Any]] = []
 
@@ -143,17 +160,9 @@ class _Job:
         return time.perf_counter() - start
 
     async def _evaluate(self, problems: list[Problem]) -> dict[str, Any]:
-        start = time.perf_counter()
-        cfg = self.config.eval.model_copy(update={"num_problems": len(problems)})
-        report = await asyncio.to_thread(
-            evaluate_model, self.trainer.model, self.tokenizer, problems, cfg, self.config.seed
+        result = await asyncio.to_thread(
+            eval_metrics, self.trainer, self.tokenizer, problems, self.config
         )
-        result = {
-            "eval_pass@1": report.pass_at_1,
-            "eval_version": self.trainer.version,
-            "eval_problems": report.num_problems,
-            "time_eval_s": time.perf_counter() - start,
-        }
         self.evals.append(result)
         return result
 
@@ -189,7 +198,7 @@ class _Job:
         )
         controller.start()
         watch = asyncio.create_task(self._watch(controller))
-        bar = _progress(cfg)
+        dashboard = Dashboard.from_config(cfg)
         start = last = time.perf_counter()
         try:
             if cfg.train.eval_every:
@@ -204,7 +213,7 @@ class _Job:
                 metrics["gen_tokens_per_s"] = gen_tokens / max(now - last, 1e-9)
                 last = now
                 self.logger.log_step(metrics)
-                _update_bar(bar, metrics)
+                dashboard.update(metrics)
             final = None
             if cfg.train.total_steps:
                 final = await self._evaluate(self.test_final)
@@ -222,8 +231,7 @@ class _Job:
             watch.cancel()
             await controller.stop()
             await client.close()
-            if bar is not None:
-                bar.close()
+            dashboard.close()
         summary = {"controller": controller.stats(), "grading": self.pool.stats()}
         return TrainResult(
             self.run_dir,
@@ -248,8 +256,7 @@ class _Job:
         trajs = [t for g in batch for t in g]
         version = self.trainer.version
         stats = await asyncio.to_thread(self.trainer.train_step, batch)
-        texts = [x for g in groups for x in g.texts] if cfg.train.log_text else None
-        self.logger.log_samples(trajs, step, version, texts)
+        self.logger.log_samples(trajs, step, version)
         t_sync = 0.0
         last_step = step == cfg.train.total_steps - 1
         if not last_step and self.trainer.version - controller.published_version >= interval:
@@ -269,28 +276,6 @@ class _Job:
     def close(self) -> None:
         self.logger.close()
         shutil.rmtree(self.weights, ignore_errors=True)
-
-
-def _progress(config: RunConfig):
-    if not config.train.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=config.train.total_steps, desc="rl", mininterval=1.0, dynamic_ncols=True)
-
-
-def _update_bar(bar, metrics: dict[str, Any]) -> None:
-    if bar is None:
-        return
-    post = {
-        "reward": f"{metrics['reward_mean']:.2f}",
-        "stale": f"{metrics['staleness_mean']:.1f}",
-        "wait": f"{metrics['time_wait_s']:.1f}s",
-    }
-    if "eval_pass@1" in metrics:
-        post["eval"] = f"{metrics['eval_pass@1']:.2f}"
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)
 
 
 def run_train(
@@ -314,6 +299,7 @@ def run_train(
     run_dir = prepare_run_dir(config)
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
+    check_loggers(config)  # and on a logger whose package is missing
     spec = ServerSpec(
         model_dir=str(model_dir),
         threads=config.rollout.server_threads,

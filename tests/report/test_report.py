@@ -1,15 +1,29 @@
+import html
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from relayrl.algo.darl import BehaviourPlan, SelectionResult, VersionSelection
 from relayrl.cli import main
 from relayrl.errors import RelayError
-from relayrl.report.build import CHARTS, build_report
+from relayrl.report.build import (
+    ALPHA_PREFIXES,
+    CHARTS,
+    REPLAY_PREFIXES,
+    TEXT_MISSING,
+    build_report,
+    prefixed_keys,
+    render_samples,
+    run_summary,
+)
+from relayrl.report.logs import load_run
 from relayrl.train.rl import run_train
 from tests.train.conftest import parity_grader, rl_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DARL_CHARTS = {"replay", "darl_alpha"}
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +42,86 @@ def test_report_from_a_real_run_has_every_chart(short_run, capsys):
     page = short_run / "report" / "index.html"
     assert str(page) in out
     text = page.read_text()
-    for name in CHARTS:
+    for name in set(CHARTS) - DARL_CHARTS:  # the run has no replay buffer
         png = short_run / "report" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC, name
         assert f"alt='{name}'" in text  # embedded: the page is self-contained
+    for name in DARL_CHARTS:
+        assert f"skipped chart {name}" in out
+        assert not (short_run / "report" / f"{name}.png").exists()
+    summary = run_summary(load_run(short_run))  # the last step and the final evaluation
+    assert (summary["step"], summary["eval_version"], summary["eval_problems"]) == (3, 3, 4)
+    assert "3 training steps logged, 24 trained samples" in text
+
+
+def test_report_lists_best_and_worst_trajectories_with_text(short_run):
+    text = "\n".join(render_samples(load_run(short_run)))
+    samples = [json.loads(x) for x in (short_run / "samples.jsonl").read_text().splitlines()]
     assert "Best and worst sampled trajectories" in text
-    assert text.count("<h3>step ") >= 2
+    assert [int(h) for h in re.findall(r"<h3>step (\d+)</h3>", text)] == [1, 2, 3]
+    table = text.split("Best and worst sampled trajectories")[1]
+    assert table.count("<td>best</td>") == table.count("<td>worst</td>") == 6  # 2 + 2 a step
+    for step in range(3):
+        rows = [s for s in samples if s["step"] == step]
+        best = max(rows, key=lambda s: (s["reward"], s["advantage"]))
+        assert html.escape(best["text"]) in table and html.escape(best["prompt_text"]) in table
+    assert TEXT_MISSING not in text
+
+
+def test_report_without_text_says_so(short_run, tmp_path):
+    run = tmp_path / "no_text"
+    run.mkdir()
+    rows = [json.loads(x) for x in (short_run / "samples.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("text"), row.pop("prompt_text")
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = "\n".join(render_samples(load_run(run)))
+    assert TEXT_MISSING in text and text.count("<td>best</td>") == 6
+
+
+def darl_metrics(step: int) -> dict[str, float]:
+    """The D-ARL metrics of one step, named as relayrl.algo.darl logs them (absolute
+    versions step-2 … step) plus a replay_* key of another naming style."""
+    versions = range(max(0, step - 2), step + 1)
+    selection = SelectionResult(
+        keep=[],
+        reference_version=step,
+        cutoff=0.5,
+        per_version={v: VersionSelection(4, 4 - (step - v), 0.1) for v in versions},
+    )
+    plan = BehaviourPlan(
+        alphas={v: 1 / len(versions) for v in versions},
+        ess={v: 10.0 for v in versions},
+        token_counts={v: 64 for v in versions},
+        coef_by_version={},
+    )
+    return {**selection.log_stats(), **plan.log_stats(), "replay_buffer_size": 40.0 + step}
+
+
+def test_report_draws_darl_metrics_by_prefix(short_run, tmp_path):
+    """Replay / α_k metrics get charts by key prefix: fractions on the left axis, counts on
+    the right; a chart per prefix group, whatever versions the keys name."""
+    run = tmp_path / "darl"
+    run.mkdir()
+    rows = [json.loads(x) for x in (short_run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if "reward_mean" in row:
+            row.update(darl_metrics(row["step"]))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_report(run)
+    assert DARL_CHARTS <= set(report.charts)
+    text = report.html_path.read_text()
+    for name in DARL_CHARTS:
+        assert report.charts[name].read_bytes()[:8] == PNG_MAGIC
+        assert f"alt='{name}'" in text
+    assert prefixed_keys(load_run(run), REPLAY_PREFIXES) == [
+        "replay_buffer_size",
+        "select/kept_frac/v0",
+        "select/kept_frac/v1",
+        "select/kept_frac/v2",
+        "select/kept_frac/v3",
+    ]
+    assert prefixed_keys(load_run(run), ALPHA_PREFIXES) == [f"mbpo/alpha/v{v}" for v in range(4)]
 
 
 def test_report_with_missing_optional_metrics_still_builds(short_run, tmp_path):
@@ -47,7 +135,7 @@ def test_report_with_missing_optional_metrics_still_builds(short_run, tmp_path):
     )
     report = build_report(run)
     assert "reward_by_step" in report.charts
-    assert {"staleness", "time_split", "importance_weights"} <= set(report.skipped)
+    assert {"staleness", "time_split", "importance_weights", "replay"} <= set(report.skipped)
     assert report.html_path.is_file()
 
 

@@ -1,0 +1,120 @@
+"""The live console dashboard of `relayrl train`.
+
+On a terminal: two lines redrawn in place (tqdm) — a progress bar with step, elapsed time,
+ETA and seconds per step, and a status line with reward, train pass rate, the latest
+held-out pass@1, staleness and generation / training throughput. When stdout is not a
+terminal (a log file, a pipe, CI): the same status as one plain line every
+``train.log_every`` steps and at the last step, with elapsed time and ETA. ``train.progress:
+false`` is quiet mode: nothing per step.
+
+Owns: :class:`Dashboard`, :func:`status_line`. Imports: tqdm (lazily) and the standard
+library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+# (metric key, label, format): shown in this order when the step logged the key
+FIELDS: list[tuple[str, str, str]] = [
+    ("reward_mean", "reward", "{:.3f}"),
+    ("pass_rate", "pass", "{:.2f}"),
+    ("eval_pass@1", "eval pass@1", "{:.2f}"),
+    ("staleness_mean", "stale", "{:.2f}"),
+    ("staleness_max", "max", "{:.0f}"),
+    ("gen_tokens_per_s", "gen tok/s", "{:.0f}"),
+    ("train_tokens_per_s", "train tok/s", "{:.0f}"),
+]
+
+
+def status_line(metrics: Mapping[str, Any]) -> str:
+    """``reward 0.412 | pass 0.40 | ...`` for the keys ``metrics`` holds."""
+    parts = [
+        f"{label} {fmt.format(metrics[key])}"
+        for key, label, fmt in FIELDS
+        if isinstance(metrics.get(key), (int, float))
+    ]
+    return " | ".join(parts)
+
+
+def clock(seconds: float) -> str:
+    """``1h02m03s`` / ``2m03s`` / ``4.5s``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """A terminal a bar can be drawn on: a TTY whose width is not 0 (a pseudo-terminal
+    without a size, as some CI runners allocate, gets plain lines)."""
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # no file descriptor: trust isatty()
+        return True
+
+
+class Dashboard:
+    """Per-step console output of a training loop; call :meth:`update` with each step's
+    metrics row (it needs ``step``; ``elapsed_s`` gives the ETA of plain lines) and
+    :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        total_steps: int,
+        enabled: bool = True,
+        log_every: int = 10,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.total = total_steps
+        self.enabled = enabled
+        self.log_every = log_every
+        self.stream = stream if stream is not None else sys.stdout
+        self.live = enabled and is_terminal(self.stream)
+        self.last_eval: float | None = None
+        self._bar = self._status = None
+        if self.live:
+            from tqdm import tqdm
+
+            common = {"file": self.stream, "dynamic_ncols": True, "leave": True}
+            self._bar = tqdm(total=total_steps, desc="rl step", position=0, **common)
+            self._status = tqdm(total=0, position=1, bar_format="{desc}", **common)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Dashboard:
+        train = config.train
+        return cls(train.total_steps, train.progress, train.log_every)
+
+    def update(self, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if isinstance(metrics.get("eval_pass@1"), (int, float)):
+            self.last_eval = float(metrics["eval_pass@1"])
+        shown = {**metrics, "eval_pass@1": self.last_eval}
+        step = int(metrics["step"])
+        if self._bar is not None and self._status is not None:
+            self._status.set_description_str(status_line(shown), refresh=True)
+            self._bar.update(step - self._bar.n)
+        elif self.log_every and (step % self.log_every == 0 or step == self.total):
+            print(self._plain_line(step, shown), file=self.stream, flush=True)
+
+    def _plain_line(self, step: int, metrics: Mapping[str, Any]) -> str:
+        line = f"step {step}/{self.total} | {status_line(metrics)}"
+        elapsed = metrics.get("elapsed_s")
+        if isinstance(elapsed, (int, float)) and step > 0:
+            eta = elapsed / step * (self.total - step)
+            line += f" | elapsed {clock(elapsed)} | eta {clock(eta)}"
+        return line
+
+    def close(self) -> None:
+        for bar in (self._bar, self._status):
+            if bar is not None:
+                bar.close()
+        self._bar = self._status = None

@@ -1,0 +1,95 @@
+"""The console dashboard: a live bar on a terminal, plain lines every N steps otherwise,
+nothing in quiet mode."""
+
+from __future__ import annotations
+
+import io
+
+from relayrl.train.dashboard import Dashboard, clock, status_line
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def steps(n: int):
+    """Metrics rows of n steps, 2 s each; an evaluation at step 2 only."""
+    for step in range(1, n + 1):
+        row = {
+            "step": step,
+            "reward_mean": step / 10,
+            "pass_rate": 0.5,
+            "staleness_mean": 1.25,
+            "staleness_max": 3.0,
+            "gen_tokens_per_s": 1234.4,
+            "train_tokens_per_s": 567.8,
+            "elapsed_s": 2.0 * step,
+        }
+        if step == 2:
+            row["eval_pass@1"] = 0.25
+        yield row
+
+
+def run(dashboard: Dashboard, n: int) -> None:
+    for row in steps(n):
+        dashboard.update(row)
+    dashboard.close()
+
+
+def test_plain_lines_every_n_steps_when_not_a_terminal():
+    out = io.StringIO()
+    run(Dashboard(5, log_every=2, stream=out), 5)
+    lines = out.getvalue().splitlines()
+    assert [line.split(" |")[0] for line in lines] == ["step 2/5", "step 4/5", "step 5/5"]
+    assert lines[0] == (
+        "step 2/5 | reward 0.200 | pass 0.50 | eval pass@1 0.25 | stale 1.25 | max 3 | "
+        "gen tok/s 1234 | train tok/s 568 | elapsed 4.0s | eta 6.0s"
+    )
+    assert "eval pass@1 0.25" in lines[1]  # the latest evaluation stays shown
+    assert lines[2].endswith("elapsed 10.0s | eta 0.0s")
+
+
+def test_quiet_mode_and_log_every_zero_print_nothing():
+    for dashboard in (
+        Dashboard(4, enabled=False, stream=Terminal()),
+        Dashboard(4, log_every=0, stream=io.StringIO()),
+    ):
+        run(dashboard, 4)
+        assert dashboard.stream.getvalue() == ""
+
+
+def test_live_bar_on_a_terminal():
+    term = Terminal()
+    run(Dashboard(3, stream=term), 3)
+    text = term.getvalue()
+    assert "rl step" in text and "3/3" in text
+    assert "reward 0.300" in text and "eval pass@1 0.25" in text
+    assert "\n" not in text.split("3/3")[0].split("\r")[-1]  # redrawn in place
+
+
+def test_status_line_skips_what_a_step_did_not_log():
+    assert status_line({"step": 1, "reward_mean": 0.5, "eval_pass@1": None}) == "reward 0.500"
+    assert clock(59.94) == "59.9s" and clock(125) == "2m05s" and clock(3725) == "1h02m05s"
+
+
+def test_a_real_pseudo_terminal_gets_the_bar_unless_it_has_no_width():
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    from relayrl.train.dashboard import is_terminal
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "w", closefd=False) as stream:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+            assert not is_terminal(stream)  # a size-less pty (some CI runners): plain lines
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+            assert is_terminal(stream)
+        assert not is_terminal(io.StringIO())
+    finally:
+        os.close(master)
+        os.close(slave)
