@@ -6,7 +6,8 @@ results page; each lives in ``relayrl.experiments.<module>`` (``HELP``,
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 
 HELP = "run an experiment grid and write its results page (staleness, ...)"
 
@@ -15,13 +16,8 @@ EXPERIMENTS: dict[str, str] = {"staleness": "staleness"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    for name, module_name in EXPERIMENTS.items():
-        module = importlib.import_module(f"relayrl.experiments.{module_name}")
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_experiment_run=module.run)
+    add_module_subcommands(parser, "relayrl.experiments", EXPERIMENTS, "experiment")
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args._experiment_run(args) or 0)
+    return run_module_subcommand(args)

@@ -106,7 +106,8 @@ FULL = Budget(
     final_problems=500,
 )
 # Smoke test: 1 seed, 2 η values, a few steps, tiny evaluations, replay from step 1.
-QUICK = Budget(
+QUICK = replace(
+    FULL,
     etas=(0, 4),
     darl_etas=(4,),
     seeds=1,
@@ -114,7 +115,6 @@ QUICK = Budget(
     prompts_per_step=4,
     n_samples=4,
     max_new_tokens=32,
-    lr=2e-4,
     eval_every=2,
     eval_problems=16,
     final_problems=32,

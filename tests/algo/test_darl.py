@@ -182,13 +182,7 @@ def test_uniform_and_balance_weighting_pool_every_token() -> None:
         behaviour_plan(PROX, BEHAV, MASK, VERS, "equal")  # type: ignore[arg-type]
 
 
-def test_two_token_gradient_by_hand() -> None:
-    """Token a (version 0): μ = .5, π_prox = .4, π_θ = .44, A = 2 → w = .8, u = 1.1 (inside
-    the clip range): ℓ_a = −.8·1.1·2 = −1.76, ∂ℓ_a/∂log π_θ = −w·u·A = −1.76.
-    Token b (version 1): μ = .2, π_prox = .3, π_θ = .21, A = −1 → w = 1.5, u = .7 < .8:
-    −min(−.7, −.8) = .8 is the clipped branch, ℓ_b = 1.2, zero gradient.
-    One token per version → ESS_k = 1, α = (½, ½), N_k = 1:
-    L = ½ℓ_a + ½ℓ_b = −0.28, ∂L/∂log π_θ = (−0.88, 0)."""
+def two_token_loss(versions: list[int], weighting: str):
     logp = lp(0.44, 0.21).requires_grad_()
     out, plan = multi_behaviour_loss(
         logp,
@@ -196,26 +190,28 @@ def test_two_token_gradient_by_hand() -> None:
         lp(0.5, 0.2),
         torch.tensor([2.0, -1.0], dtype=F64),
         torch.ones(2, dtype=torch.bool),
-        torch.tensor([0, 1]),
+        torch.tensor(versions),
         LossConfig(),
+        weighting=weighting,  # type: ignore[arg-type]
     )
-    assert plan.alphas == pytest.approx({0: 0.5, 1: 0.5})
-    assert out.loss.item() == pytest.approx(-0.28)
     out.loss.backward()
-    assert logp.grad.tolist() == pytest.approx([-0.88, 0.0])
-    # with a uniform pool of the same two tokens: L = (ℓ_a + ℓ_b)/2 — the same here
-    logp2 = lp(0.44, 0.21).requires_grad_()
-    pooled, _ = multi_behaviour_loss(
-        logp2,
-        lp(0.4, 0.3),
-        lp(0.5, 0.2),
-        torch.tensor([2.0, -1.0], dtype=F64),
-        torch.ones(2, dtype=torch.bool),
-        torch.tensor([0, 0]),
-        LossConfig(),
-        weighting="uniform",
-    )
-    assert pooled.loss.item() == pytest.approx(-0.28)
+    return out.loss.item(), logp.grad.tolist(), plan
+
+
+def test_two_token_gradient_by_hand() -> None:
+    """Token a (version 0): μ = .5, π_prox = .4, π_θ = .44, A = 2 → w = .8, u = 1.1 (inside
+    the clip range): ℓ_a = −.8·1.1·2 = −1.76, ∂ℓ_a/∂log π_θ = −w·u·A = −1.76.
+    Token b (version 1): μ = .2, π_prox = .3, π_θ = .21, A = −1 → w = 1.5, u = .7 < .8:
+    −min(−.7, −.8) = .8 is the clipped branch, ℓ_b = 1.2, zero gradient.
+    One token per version → ESS_k = 1, α = (½, ½), N_k = 1:
+    L = ½ℓ_a + ½ℓ_b = −0.28, ∂L/∂log π_θ = (−0.88, 0)."""
+    loss, grad, plan = two_token_loss([0, 1], "ess")
+    assert plan.alphas == pytest.approx({0: 0.5, 1: 0.5})
+    assert loss == pytest.approx(-0.28)
+    assert grad == pytest.approx([-0.88, 0.0])
+    # one version, uniform pool: L = (ℓ_a + ℓ_b)/2, the same numbers
+    loss, grad, _ = two_token_loss([0, 0], "uniform")
+    assert (loss, grad) == (pytest.approx(-0.28), pytest.approx([-0.88, 0.0]))
 
 
 def test_k1_no_selection_uniform_reduces_to_decoupled_ppo() -> None:
