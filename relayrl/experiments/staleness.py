@@ -421,6 +421,19 @@ def findings(cells, budget: Budget) -> list[str]:
     return out
 
 
+def darl_summary(budget: Budget) -> str:
+    """The D-ARL preset's replay settings as the cells ran them."""
+    r = cell_config(Cell("darl", 4, 0), budget, Path("model"), Path("runs")).replay
+    select = "no selection"
+    if r.select == "variance":
+        bound = f"q = {r.quantile}" if r.quantile is not None else f"threshold {r.threshold}"
+        select = f"variance selection, {bound} of the fresh samples' scores"
+    return (
+        f"K = {r.k}, {select}, max_reuse {r.max_reuse}, up to {r.batch_fraction} × fresh "
+        f"replayed per step, {r.weighting} weights, warm-up {r.warmup} steps"
+    )
+
+
 def why_budget(budget: Budget) -> list[str]:
     if replace(budget, seeds=FULL.seeds) != FULL:
         return [
@@ -482,8 +495,9 @@ def write_markdown(
         "seeds; every run starts from the same base).",
         "- Methods: naive async = `configs/async_naive.yaml` (PPO ratio π_θ/μ against the "
         "stale behaviour policy), decoupled PPO = `configs/async_decoupled.yaml`, D-ARL = "
-        "`configs/darl.yaml` (K = 4, variance selection q = 0.8 against the fresh samples, "
-        "max_reuse 2, up to 0.5 × fresh replayed per step, ESS weights), each at the row's η.",
+        f"`configs/darl.yaml` ({darl_summary(budget)}), each at the row's η. D-ARL replays "
+        "only samples whose oldest version is within the last K of the trainer's, so at a "
+        "realised staleness ≥ K − 1 little is replayed (last column of table 2).",
         *why_budget(budget),
         f"- Sample efficiency: generated samples (B·n per step) until the seed-mean "
         f"pass@1 curve reaches the target {target_text} (halfway from the step-0 pass@1 to "
@@ -629,7 +643,6 @@ def run(args: argparse.Namespace) -> int:
     budget = budget_from(args)
     out = Path(args.out or ("runs/staleness_quick" if args.quick else "runs/staleness"))
     results_dir = Path(args.results or (out if args.quick else "docs/results"))
-    results_dir.mkdir(parents=True, exist_ok=True)
     command = command_line(sys.argv)
     start = time.perf_counter()
     base = sft_base(args, out)
@@ -638,6 +651,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_grid(cells, budget, Path(base["model"]), out, log=lambda m: print(m, flush=True))
     grouped = group(results)
     target = args.target if args.target is not None else default_target(grouped, budget.darl_etas)
+    results_dir.mkdir(parents=True, exist_ok=True)
     md = results_dir / "staleness.md"
     write_markdown(md, results, budget, command, base, target, time.perf_counter() - start)
     write_plot(results_dir / "staleness.png", results, budget)
