@@ -224,14 +224,6 @@ class BehaviourPlan:
             coef = torch.where((version_ids == k) & (mask > 0), torch.full_like(coef, c), coef)
         return coef
 
-    def log_stats(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for k in sorted(self.alphas):
-            out[f"mbpo/alpha/v{k}"] = self.alphas[k]
-            out[f"mbpo/ess/v{k}"] = self.ess[k]
-            out[f"mbpo/tokens/v{k}"] = float(self.token_counts[k])
-        return out
-
 
 def behaviour_plan(
     prox_logprobs: Tensor,
