@@ -173,10 +173,6 @@ class CellResult:
     replayed_frac: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def cell(self) -> Cell:
-        return Cell(self.method, self.eta, self.seed)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CellResult:
         data = dict(data)
