@@ -4,8 +4,8 @@ public, so these definitions are ours).
 Owns:
 
 - ``variance_scores``: per-candidate score ``s = mean_t (w_t − 1)²``, ``w_t = π_prox/μ``.
-- ``select_distribution_matched``: keep stale candidates whose score is within the
-  freshest version's q-quantile (or under an absolute threshold).
+- ``selection_cutoff`` / ``select_distribution_matched``: keep stale candidates whose score
+  is within a reference set's q-quantile (or under an absolute threshold).
 - ``effective_sample_size`` / ``policy_weights``: ``ESS = (Σw)²/Σw²`` and
   ``α_k = ESS_k / Σ_j ESS_j``.
 - ``behaviour_plan`` / ``multi_behaviour_loss``: ``L = Σ_k α_k L_k`` with ``L_k`` the
@@ -105,6 +105,21 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def selection_cutoff(
+    reference: Sequence[float], quantile: float | None, threshold: float | None
+) -> float:
+    """The score bound of variance-guided selection: the reference scores' ``quantile``
+    (linear interpolation), else ``threshold``, else ``inf`` (no selection). An empty
+    reference with a quantile gives ``-inf``: nothing stale is kept."""
+    if quantile is not None and threshold is not None:
+        raise ValueError("give quantile or threshold, not both")
+    if quantile is not None:
+        if not 0.0 <= quantile <= 1.0:
+            raise ValueError("quantile must be in [0, 1]")
+        return _quantile(reference, quantile) if reference else -math.inf
+    return threshold if threshold is not None else math.inf
+
+
 def select_distribution_matched(
     scores: Sequence[float] | Tensor,
     versions: Sequence[int],
@@ -128,22 +143,15 @@ def select_distribution_matched(
     score_list = [float(s) for s in (scores.tolist() if isinstance(scores, Tensor) else scores)]
     if len(score_list) != len(versions):
         raise ValueError(f"{len(score_list)} scores but {len(versions)} versions")
-    if quantile is not None and threshold is not None:
-        raise ValueError("give quantile or threshold, not both")
-    if quantile is not None and not 0.0 <= quantile <= 1.0:
-        raise ValueError("quantile must be in [0, 1]")
+    selection_cutoff([], quantile, threshold)  # checks the arguments
     if not versions:
         return SelectionResult(keep=[], reference_version=None, cutoff=math.inf)
 
     fresh = max(versions) if reference_version is None else reference_version
-    cutoff = math.inf
-    if quantile is not None:
-        ref = [s for s, v in zip(score_list, versions, strict=True) if v == fresh]
-        if not ref:
-            raise ValueError(f"no candidate of the reference version {fresh}")
-        cutoff = _quantile(ref, quantile)
-    elif threshold is not None:
-        cutoff = threshold
+    ref = [s for s, v in zip(score_list, versions, strict=True) if v == fresh]
+    if quantile is not None and not ref:
+        raise ValueError(f"no candidate of the reference version {fresh}")
+    cutoff = selection_cutoff(ref, quantile, threshold)
     keep = [v >= fresh or s <= cutoff for s, v in zip(score_list, versions, strict=True)]
 
     per_version: dict[int, VersionSelection] = {}
@@ -216,14 +224,6 @@ class BehaviourPlan:
             coef = torch.where((version_ids == k) & (mask > 0), torch.full_like(coef, c), coef)
         return coef
 
-    def log_stats(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for k in sorted(self.alphas):
-            out[f"mbpo/alpha/v{k}"] = self.alphas[k]
-            out[f"mbpo/ess/v{k}"] = self.ess[k]
-            out[f"mbpo/tokens/v{k}"] = float(self.token_counts[k])
-        return out
-
 
 def behaviour_plan(
     prox_logprobs: Tensor,
@@ -241,9 +241,10 @@ def behaviour_plan(
 
     - ``"ess"``: ``α_k = ESS_k / Σ_j ESS_j``, ``ESS_k`` over group k's raw token weights
       ``w_t = π_prox/μ`` (before any truncation).
-    - ``"uniform"``: ``α_k = 1/K`` over the K versions present.
-    - ``"balance"``: one pooled estimate, ``α_k = N_k / N`` so every token gets ``1/N``; use
-      it with ``log_is_weight`` from ``balance_heuristic_logweights``.
+    - ``"uniform"``: every token alike, ``α_k = N_k / N`` so ``c_t = 1/N``: exactly the
+      token-mean decoupled loss, whatever the versions (no policy-level reweighting).
+    - ``"balance"``: the same pooled ``α_k = N_k / N``; use it with ``log_is_weight`` from
+      ``balance_heuristic_logweights``, which replaces each token's weight instead.
     """
     if not (prox_logprobs.shape == behav_logprobs.shape == mask.shape == version_ids.shape):
         raise ValueError("prox_logprobs, behav_logprobs, mask and version_ids need one shape")
@@ -255,9 +256,7 @@ def behaviour_plan(
     ess = {k: effective_sample_size_from_log(log_w[vids == k]) for k in versions}
     if weighting == "ess":
         alphas = policy_weights(ess)
-    elif weighting == "uniform":
-        alphas = {k: 1.0 / len(versions) for k in versions}
-    elif weighting == "balance":
+    elif weighting in ("uniform", "balance"):
         total = sum(counts.values())
         alphas = {k: counts[k] / total for k in versions}
     else:

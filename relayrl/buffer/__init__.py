@@ -1,5 +1,6 @@
 """Replay buffer keyed by behaviour version (D-ARL): eviction beyond K versions, reuse
-limits, warm-up and variance-guided selection.
+limits, warm-up, checkpoint state. Selection and the loss are ``relayrl.algo.darl``; the
+trainer-side step is ``relayrl.train.replay_step``.
 
-Imports: torch, relayrl.rollout (Trajectory), relayrl.config.
+Imports: relayrl.rollout (Trajectory) and the standard library.
 """

@@ -6,22 +6,19 @@ decides which stored trajectories are *candidates* for a training step; scoring 
 selecting among them is ``relayrl.algo.darl``'s job, and the trainer reports back what it
 trained on with ``mark_trained``.
 
-What "fresh" means here: a trajectory is fresh when it has not been trained on yet
-(``times_trained == 0``), i.e. it arrived from the rollout servers since the last step that
-consumed it. We chose this over a version test for three reasons:
+How the trainer uses it (``relayrl.train.replay_step``): the fresh samples of a step come
+from the rollout controller and are always trained once, whatever K (their staleness is
+already bounded by η at admission); after the step they are added, marked trained, and
+evicted once their version leaves the window. So in training the buffer holds exactly the
+replay pool (trained fewer than ``max_reuse`` times, oldest version ≥ v − K + 1), and
+warm-up means "no replay". K = 1 or ``max_reuse = 1`` therefore never replays anything and
+the step is plain decoupled PPO.
 
-1. Warm-up then reduces exactly to AReaL's staleness-bounded asynchronous training: every
-   sample is used once, as it arrives, and its staleness is already bounded by the
-   admission rule (η), so no version test is needed on top.
-2. It never starves the trainer. ``oldest_version == trainer_version`` (on-policy) is often
-   empty in fully asynchronous mode, where rollouts run during the update; and
-   ``== trainer_version − 1`` is wrong at η = 0, where every sample has the trainer's version.
-3. ``oldest_version == newest version present`` silently skips admitted samples of the
-   previous version (they would only come back as replay after warm-up); at η = 0 all
-   definitions coincide.
-
-Replay starts after warm-up: stored samples that were already trained, fewer than
-``max_reuse`` times, become candidates again while their version is within K.
+The buffer itself also accepts never-trained ("fresh", ``times_trained == 0``) samples, and
+during warm-up serves only those; fresh means "not trained yet" rather than a version test
+because "version == trainer version" is often empty in fully asynchronous mode, "version ==
+trainer version − 1" is wrong at η = 0 and "version == newest present" would skip admitted
+samples of the previous version.
 
 Imports: relayrl.rollout.trajectory and the standard library.
 """

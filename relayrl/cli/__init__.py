@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "eval": "eval",
     "report": "report",
     "train": "train",
+    "experiment": "experiment",
 }
 
 

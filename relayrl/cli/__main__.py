@@ -1,7 +1,7 @@
-"""``python -m relayrl.cli``: the same as the ``relayrl`` command."""
+"""``python -m relayrl.cli ...``: the same as the ``relayrl`` command."""
 
 import sys
 
 from relayrl.cli import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(main())

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 
 HELP = "run a benchmark (engine, ...)"
 
@@ -14,13 +15,8 @@ BENCHMARKS: dict[str, str] = {"engine": "engine", "async": "async_rl"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for name, module_name in BENCHMARKS.items():
-        module = importlib.import_module(f"relayrl.bench.{module_name}")
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_bench_run=module.run)
+    add_module_subcommands(parser, "relayrl.bench", BENCHMARKS, "benchmark")
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args._bench_run(args) or 0)
+    return run_module_subcommand(args)

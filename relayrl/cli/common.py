@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_required: bool = True) -> None:
@@ -24,3 +25,20 @@ def load_run_config(args: argparse.Namespace):
     from relayrl.config.loader import load_config
 
     return load_config(args.config, args.overrides)
+
+
+def add_module_subcommands(
+    parser: argparse.ArgumentParser, package: str, modules: dict[str, str], dest: str
+) -> None:
+    """One subcommand per ``name -> module`` of ``package``; each module exposes ``HELP``,
+    ``add_arguments(parser)`` and ``run(args)`` (see ``run_module_subcommand``)."""
+    sub = parser.add_subparsers(dest=dest, metavar=dest.upper(), required=True)
+    for name, module_name in modules.items():
+        module = importlib.import_module(f"{package}.{module_name}")
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_module_run=module.run)
+
+
+def run_module_subcommand(args: argparse.Namespace) -> int:
+    return int(args._module_run(args) or 0)

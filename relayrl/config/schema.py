@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -217,6 +217,67 @@ class TrainConfig(Section):
     )
 
 
+class ReplayConfig(Section):
+    """D-ARL: replay over the K most recent behaviour versions (relayrl's reading of the
+    paper; docs/darl.md). Off by default: the trainer then trains each batch once."""
+
+    enable: bool = Field(False, description="replay trained samples of recent versions (D-ARL)")
+    k: int = Field(
+        4,
+        ge=1,
+        description="K behaviour versions kept: a trained sample may be replayed while its "
+        "oldest token version is ≥ v − K + 1 (K = 1: no replay)",
+    )
+    pmis: bool = Field(
+        True,
+        description="multi-behaviour policy optimisation: per-version decoupled losses "
+        "combined by replay.weighting; false: one pooled decoupled loss (weighting ignored, "
+        "= uniform)",
+    )
+    warmup: int = Field(5, ge=0, description="first steps train fresh samples only")
+    select: Literal["none", "variance"] = Field(
+        "variance",
+        description="variance-guided selection of replayed samples: keep those whose score "
+        "mean_t (π_prox/μ − 1)² is within replay.quantile of the fresh samples' scores",
+    )
+    quantile: float | None = Field(
+        0.8, ge=0, le=1, description="quantile q of the fresh samples' scores (the cutoff)"
+    )
+    threshold: float | None = Field(
+        None,
+        ge=0,
+        description="absolute score cutoff instead of the quantile (needs replay.quantile=null)",
+    )
+    max_reuse: int = Field(2, ge=1, description="times a sample is trained at most (1 = no replay)")
+    batch_fraction: float = Field(
+        0.5,
+        ge=0,
+        description="replayed samples per step at most, as a fraction of the fresh samples "
+        "(lowest scores first); the step trains fresh + replayed",
+    )
+    weighting: Literal["ess", "uniform", "balance"] = Field(
+        "ess",
+        description="ess: α_k = ESS_k / Σ_j ESS_j; uniform: every token alike (= decoupled "
+        "PPO); balance: MIS balance heuristic over the stored weights of the recent versions",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReplayConfig:
+        if self.select == "variance" and self.quantile is None and self.threshold is None:
+            raise ValueError("replay.select=variance needs replay.quantile or replay.threshold")
+        if self.quantile is not None and self.threshold is not None:
+            raise ValueError(
+                "give replay.quantile or replay.threshold, not both "
+                "(set replay.quantile=null to use the threshold)"
+            )
+        if not self.pmis and self.weighting == "balance":
+            raise ValueError(
+                "replay.weighting='balance' needs replay.pmis=true (pmis=false pools every "
+                "token with its own decoupled weight)"
+            )
+        return self
+
+
 class RunConfig(Section):
     """One run."""
 
@@ -232,3 +293,21 @@ class RunConfig(Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+
+    @field_validator("replay")
+    @classmethod
+    def _replay_needs_decoupled(cls, replay: ReplayConfig, info: ValidationInfo) -> ReplayConfig:
+        algo = info.data.get("algo")
+        if replay.enable and algo is not None and algo.loss != "decoupled":
+            raise ValueError(
+                f"replay.enable=true needs algo.loss='decoupled' (got {algo.loss!r}): "
+                "selection and the multi-behaviour loss use π_prox"
+            )
+        if replay.enable and replay.pmis and replay.weighting == "ess" and algo is not None:
+            if algo.aggregation != "token_mean":
+                raise ValueError(
+                    "replay.weighting='ess' is a token mean per version; it needs "
+                    "algo.aggregation='token_mean'"
+                )
+        return replay

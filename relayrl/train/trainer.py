@@ -11,7 +11,14 @@ the behaviour-vs-proximal statistics) → per micro-batch ``policy_loss`` with t
 normaliser, backward → clip → AdamW step → version + 1. Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
-Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record.
+With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
+the fresh samples and the replay buffer's candidates, selection picks the replayed samples,
+and the loss becomes the multi-behaviour loss (per-token coefficients ``α_k/N_k`` with
+normaliser 1, or balance-heuristic weights); the buffer is updated after the step and is
+part of ``state_dict``.
+
+Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record,
+relayrl.train.replay_step.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from relayrl.algo.advantages import compute_advantages
 from relayrl.algo.losses import LossConfig, entropy_from_logits, loss_normalizer, policy_loss
 from relayrl.algo.microbatch import pack_micro_batches
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
 MAX_STATS = ("is_weight_max",)
 
@@ -65,7 +73,8 @@ def loss_config_from(algo: Any) -> LossConfig:
 
 @dataclass
 class _MicroBatch:
-    """Right-padded tensors of some sequences; per-token tensors are ``[b, L-1]``."""
+    """Right-padded tensors of some sequences; per-token tensors are ``[b, L-1]``;
+    ``spans[row]`` is where row's completion tokens sit in them."""
 
     index: list[int]
     input_ids: torch.Tensor
@@ -74,6 +83,19 @@ class _MicroBatch:
     mask: torch.Tensor
     behav: torch.Tensor
     adv: torch.Tensor
+    spans: list[slice]
+
+    def scatter(self, per_traj: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``[b, L-1]`` tensor of per-trajectory completion values (``per_traj`` is indexed
+        like the step's trajectories), zero elsewhere."""
+        out = torch.zeros(self.mask.shape, dtype=per_traj[self.index[0]].dtype)
+        for row, (i, span) in enumerate(zip(self.index, self.spans, strict=True)):
+            out[row, span] = per_traj[i]
+        return out
+
+    def gather(self, padded: torch.Tensor) -> list[torch.Tensor]:
+        """The inverse of ``scatter``: one tensor per row, over its completion tokens."""
+        return [padded[row, span] for row, span in enumerate(self.spans)]
 
 
 def _collate(trajs: Sequence[Trajectory], index: list[int], pad_id: int) -> _MicroBatch:
@@ -84,15 +106,17 @@ def _collate(trajs: Sequence[Trajectory], index: list[int], pad_id: int) -> _Mic
     mask = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
     behav = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
     adv = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    spans = []
     for row, t in enumerate(seqs):
         n, p, c = t.num_tokens, len(t.prompt_ids), len(t.completion_ids)
         ids[row, :n] = torch.tensor(t.prompt_ids + t.completion_ids)
         attn[row, :n] = 1
         span = slice(p - 1, p - 1 + c)  # logits at position i predict token i + 1
+        spans.append(span)
         mask[row, span] = 1.0
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
         adv[row, span] = t.advantage
-    return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv)
+    return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans)
 
 
 class RLTrainer:
@@ -117,6 +141,9 @@ class RLTrainer:
         if self.loss_cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.version = 0
+        self.replay: ReplayStep | None = None
+        if config.replay.enable:
+            self.replay = ReplayStep(config.replay, self.eta, model)
 
     # ------------------------------------------------------------------ logprobs
     def _logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> tuple[torch.Tensor, Any]:
@@ -128,6 +155,26 @@ class RLTrainer:
     @torch.no_grad()
     def _no_grad_logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> torch.Tensor:
         return self._logprobs(model, mb)[0]
+
+    def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
+        """First-fit-decreasing packs under ``optim.micro_batch_tokens``, collated."""
+        plan = pack_micro_batches([t.num_tokens for t in trajs], self.cfg.optim.micro_batch_tokens)
+        return [_collate(trajs, idx, self.pad_id) for idx in plan]
+
+    def traj_logprobs(
+        self,
+        model: torch.nn.Module,
+        trajs: Sequence[Trajectory],
+        mbs: list[_MicroBatch] | None = None,
+    ) -> list[torch.Tensor]:
+        """No-grad logprobs of each trajectory's completion tokens under ``model``."""
+        out: list[torch.Tensor] = [torch.zeros(0)] * len(trajs)
+        for mb in mbs if mbs is not None else self._micro_batches(trajs):
+            for i, values in zip(
+                mb.index, mb.gather(self._no_grad_logprobs(model, mb)), strict=True
+            ):
+                out[i] = values
+        return out
 
     # ------------------------------------------------------------------ the step
     def check_staleness(self, trajs: Sequence[Trajectory]) -> list[int]:
@@ -152,22 +199,38 @@ class RLTrainer:
                 t.advantage = a
 
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-        """One optimizer step on ``groups`` (lists of trajectories); returns statistics."""
-        trajs = [t for g in groups for t in g]
-        stale = self.check_staleness(trajs)
+        """One optimizer step on ``groups`` (lists of trajectories); returns statistics.
+
+        With ``replay.enable`` the step trains these fresh samples plus selected replayed
+        ones, with the multi-behaviour loss (``relayrl.train.replay_step``)."""
+        fresh = [t for g in groups for t in g]
+        stale = self.check_staleness(fresh)
         self._batch_advantages(groups)
-        budget = self.cfg.optim.micro_batch_tokens
-        plan = pack_micro_batches([t.num_tokens for t in trajs], budget)
-        mbs = [_collate(trajs, idx, self.pad_id) for idx in plan]
-        n_tokens = sum(len(t.completion_ids) for t in trajs)
-        normalizer = loss_normalizer(
-            self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
-        )
         t0 = time.perf_counter()
-        prox = [self._no_grad_logprobs(self.model, mb) for mb in mbs] if self._needs_prox() else []
+        if self.replay is None:
+            trajs, mbs = fresh, self._micro_batches(fresh)
+            prox = self.traj_logprobs(self.model, trajs, mbs) if self._needs_prox() else None
+            per_token, normalizer, extra = {}, None, {}
+        else:
+            batch, terms = self._replay_batch(fresh)
+            trajs, prox, mbs = batch.trajs, batch.prox, self._micro_batches(batch.trajs)
+            per_token, normalizer = terms.per_token, terms.normalizer
+            extra = {**batch.stats, **terms.stats}
+        if normalizer is None:
+            n_tokens = sum(len(t.completion_ids) for t in trajs)
+            normalizer = loss_normalizer(
+                self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
+            )
+        inputs = [
+            {
+                **({"prox_logprobs": mb.scatter(prox)} if prox is not None else {}),
+                **{key: mb.scatter(values) for key, values in per_token.items()},
+            }
+            for mb in mbs
+        ]
         ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
         t1 = time.perf_counter()
-        stats = self._accumulate(mbs, prox, ref, normalizer)
+        stats = self._accumulate(mbs, inputs, ref, normalizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.optim.grad_clip
         )
@@ -175,6 +238,9 @@ class RLTrainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+        if self.replay is not None:
+            self.replay.finish(batch, self.version, self.model)
+        stats.update(extra)
         stats.update(
             grad_norm=float(grad_norm),
             lr=self.scheduler.get_last_lr()[0],
@@ -188,16 +254,27 @@ class RLTrainer:
         )
         return stats
 
+    def _replay_batch(self, fresh: list[Trajectory]) -> tuple[ReplayBatch, LossTerms]:
+        """Fresh + replay candidates → proximal pass → selection → loss terms."""
+        assert self.replay is not None
+        cands = self.replay.candidates(fresh, self.version)
+        prox = self.traj_logprobs(self.model, cands)
+        batch = self.replay.select(cands, prox, len(fresh), self.version)
+        terms = self.replay.loss_terms(batch, self.version, self.model, self.traj_logprobs)
+        return batch, terms
+
     def _needs_prox(self) -> bool:
         return self.loss_cfg.loss == "decoupled"
 
     def _accumulate(
         self,
         mbs: list[_MicroBatch],
-        prox: list[torch.Tensor],
+        inputs: list[dict[str, torch.Tensor]],
         ref: list[torch.Tensor],
         normalizer: float,
     ) -> dict[str, float]:
+        """Backward through every micro-batch; ``inputs[i]``: its ``prox_logprobs`` and
+        any D-ARL ``token_coef`` / ``log_is_weight``, passed to ``policy_loss``."""
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         total = 0
@@ -213,9 +290,9 @@ class RLTrainer:
                 mb.mask,
                 self.loss_cfg,
                 normalizer,
-                prox_logprobs=prox[i] if prox else None,
                 ref_logprobs=ref[i] if ref else None,
                 entropy=ent,
+                **inputs[i],
             )
             out.loss.backward()
             total += out.num_tokens
@@ -224,7 +301,7 @@ class RLTrainer:
                     maxes[key] = max(maxes.get(key, value), value)
                 elif key != "n_tokens":
                     sums[key] = sums.get(key, 0.0) + value * out.num_tokens
-            anchor = prox[i] if prox else logp.detach()
+            anchor = inputs[i].get("prox_logprobs", logp.detach())
             w = torch.exp(anchor - mb.behav)[mb.mask > 0]
             weight_sums["ess_num"] += float(w.sum())
             weight_sums["ess_den"] += float(w.square().sum())
@@ -247,15 +324,20 @@ class RLTrainer:
         return directory
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
         }
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+        if self.replay is not None and "replay" in state:
+            self.replay.load_state_dict(state["replay"])

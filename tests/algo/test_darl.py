@@ -15,6 +15,7 @@ from relayrl.algo.darl import (
     multi_behaviour_loss,
     policy_weights,
     select_distribution_matched,
+    selection_cutoff,
     variance_scores,
 )
 from relayrl.algo.losses import LossConfig, loss_normalizer, policy_loss
@@ -89,6 +90,18 @@ def test_select_quantile_extremes_and_no_selection() -> None:
         select_distribution_matched(scores, versions, quantile=0.5, threshold=0.1)
 
 
+def test_selection_cutoff() -> None:
+    ref = [0.3, 0.0, 0.1, 0.2]
+    assert selection_cutoff(ref, 0.5, None) == pytest.approx(0.15)
+    assert selection_cutoff(ref, 0.9, None) == pytest.approx(0.27)  # 0.2 + 0.7·0.1
+    assert selection_cutoff(ref, None, 0.05) == 0.05
+    assert selection_cutoff(ref, None, None) == math.inf
+    assert selection_cutoff([], 0.5, None) == -math.inf  # no reference: keep nothing stale
+    for bad in ((0.5, 0.1), (1.5, None)):
+        with pytest.raises(ValueError):
+            selection_cutoff(ref, *bad)
+
+
 def test_select_with_explicit_reference_version() -> None:
     # version 4 is on-policy (scores are numerical noise); reference = version 3
     versions = [4, 4, 3, 3, 3, 2, 2]
@@ -157,14 +170,48 @@ def test_multi_behaviour_value_and_hand_derived_gradient() -> None:
     assert logp.grad.tolist() == pytest.approx([0.0, 0.8357143, -0.3214286], abs=1e-7)
 
 
-def test_uniform_and_balance_weighting() -> None:
-    plan = behaviour_plan(PROX, BEHAV, MASK, VERS, "uniform")
-    assert plan.alphas == {0: 0.5, 1: 0.5}
-    assert plan.coef_by_version == pytest.approx({0: 0.25, 1: 0.5})
-    pooled = behaviour_plan(PROX, BEHAV, MASK, VERS, "balance")
-    assert pooled.coef_by_version == pytest.approx({0: 1 / 3, 1: 1 / 3})
-    coef = pooled.token_coef(VERS, torch.tensor([True, False, True]))
+def test_uniform_and_balance_weighting_pool_every_token() -> None:
+    # uniform: α_k = N_k/N (every token 1/N, no policy-level reweighting); balance the same
+    for weighting in ("uniform", "balance"):
+        plan = behaviour_plan(PROX, BEHAV, MASK, VERS, weighting)
+        assert plan.alphas == pytest.approx({0: 2 / 3, 1: 1 / 3})
+        assert plan.coef_by_version == pytest.approx({0: 1 / 3, 1: 1 / 3})
+    coef = plan.token_coef(VERS, torch.tensor([True, False, True]))
     assert coef.tolist() == pytest.approx([1 / 3, 0.0, 1 / 3])
+    with pytest.raises(ValueError):
+        behaviour_plan(PROX, BEHAV, MASK, VERS, "equal")  # type: ignore[arg-type]
+
+
+def two_token_loss(versions: list[int], weighting: str):
+    logp = lp(0.44, 0.21).requires_grad_()
+    out, plan = multi_behaviour_loss(
+        logp,
+        lp(0.4, 0.3),
+        lp(0.5, 0.2),
+        torch.tensor([2.0, -1.0], dtype=F64),
+        torch.ones(2, dtype=torch.bool),
+        torch.tensor(versions),
+        LossConfig(),
+        weighting=weighting,  # type: ignore[arg-type]
+    )
+    out.loss.backward()
+    return out.loss.item(), logp.grad.tolist(), plan
+
+
+def test_two_token_gradient_by_hand() -> None:
+    """Token a (version 0): μ = .5, π_prox = .4, π_θ = .44, A = 2 → w = .8, u = 1.1 (inside
+    the clip range): ℓ_a = −.8·1.1·2 = −1.76, ∂ℓ_a/∂log π_θ = −w·u·A = −1.76.
+    Token b (version 1): μ = .2, π_prox = .3, π_θ = .21, A = −1 → w = 1.5, u = .7 < .8:
+    −min(−.7, −.8) = .8 is the clipped branch, ℓ_b = 1.2, zero gradient.
+    One token per version → ESS_k = 1, α = (½, ½), N_k = 1:
+    L = ½ℓ_a + ½ℓ_b = −0.28, ∂L/∂log π_θ = (−0.88, 0)."""
+    loss, grad, plan = two_token_loss([0, 1], "ess")
+    assert plan.alphas == pytest.approx({0: 0.5, 1: 0.5})
+    assert loss == pytest.approx(-0.28)
+    assert grad == pytest.approx([-0.88, 0.0])
+    # one version, uniform pool: L = (ℓ_a + ℓ_b)/2, the same numbers
+    loss, grad, _ = two_token_loss([0, 0], "uniform")
+    assert (loss, grad) == (pytest.approx(-0.28), pytest.approx([-0.88, 0.0]))
 
 
 def test_k1_no_selection_uniform_reduces_to_decoupled_ppo() -> None:

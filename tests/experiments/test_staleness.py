@@ -1,0 +1,135 @@
+"""`relayrl experiment staleness` without training: the grid, per-cell configs, reading a
+run's metrics, resuming from saved cells, the summary numbers and the results page."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from relayrl.cli import main
+from relayrl.experiments import staleness as st
+
+
+def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> st.CellResult:
+    curve = curve or [(0, 0.2, 10), (100, (0.2 + final) / 2, 10), (200, final, 20)]
+    return st.CellResult(method, eta, seed, final, curve, kw.pop("stale", eta / 2), 10.0, **kw)
+
+
+def test_plan_full_and_quick_grids():
+    cells = st.plan_cells(st.FULL)
+    assert len(cells) == len(set(cells)) == 6 * 2 * 3 + 2 * 3
+    assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
+    assert [c.name for c in st.plan_cells(st.QUICK)] == [
+        "naive-eta0-seed0",
+        "decoupled-eta0-seed0",
+        "naive-eta4-seed0",
+        "decoupled-eta4-seed0",
+        "darl-eta4-seed0",
+    ]
+
+
+def test_cell_configs_follow_the_presets(tmp_path):
+    naive = st.cell_config(st.Cell("naive", 8, 2), st.FULL, tmp_path / "m", tmp_path)
+    assert (naive.algo.loss, naive.rollout.eta, naive.seed, naive.replay.enable) == (
+        "ppo",
+        8,
+        2,
+        False,
+    )
+    assert naive.optim.lr == st.FULL.lr and naive.train.total_steps == st.FULL.steps
+    darl = st.cell_config(st.Cell("darl", 4, 0), st.QUICK, tmp_path / "m", tmp_path)
+    assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4
+    assert darl.replay.warmup == 1  # quick: replay from the second step
+    assert darl.output_dir == str(tmp_path) and darl.name == "darl-eta4-seed0"
+
+
+def test_read_run_curve_wall_time_and_replay_share(tmp_path):
+    rows = [
+        {"step": 0, "version": 0, "eval_pass@1": 0.25, "eval_problems": 8, "time_eval_s": 3},
+        {"step": 1, "train_tokens": 5, "step_time_s": 2.0, "staleness_mean": 1.0,
+         "replay_fresh": 16, "replay_replayed": 0},
+        {"step": 2, "train_tokens": 5, "step_time_s": 7.0, "staleness_mean": 2.0,
+         "replay_fresh": 16, "replay_replayed": 8, "eval_pass@1": 0.5, "eval_problems": 8,
+         "time_eval_s": 4.0},
+        {"step": 2, "final": True, "eval_pass@1": 0.375, "eval_problems": 16},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = st.read_run(tmp_path, st.Cell("darl", 4, 0), samples_per_step=16)
+    assert r.curve == [(0, 0.25, 8), (32, 0.5, 8), (32, 0.375, 16)]
+    assert r.final_pass == 0.375
+    assert r.train_seconds == pytest.approx(2.0 + 3.0)  # evaluation time excluded
+    assert r.staleness_mean == pytest.approx(1.5)
+    assert r.replayed_frac == pytest.approx(8 / 40)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(Exception, match="no finished run"):
+        st.read_run(tmp_path, st.Cell("darl", 4, 0), 16)
+
+
+def test_grid_resumes_from_saved_cells(tmp_path):
+    budget = replace(st.QUICK, etas=(0,), darl_etas=())
+    cells = st.plan_cells(budget)
+    calls, lines = [], []
+
+    def runner(cell, b, model_dir, out):
+        calls.append(cell.name)
+        return result(cell.method, cell.eta, cell.seed, 0.3)
+
+    first = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
+    assert calls == ["naive-eta0-seed0", "decoupled-eta0-seed0"]
+    assert "1 runs left, ETA" in lines[1] and "0 runs left" in lines[3]
+    again = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
+    assert len(calls) == 2 and [r.final_pass for r in again] == [r.final_pass for r in first]
+    st.run_grid(cells, replace(budget, lr=1e-3), tmp_path / "m", tmp_path, runner, lines.append)
+    assert len(calls) == 4  # another lr: the saved cells do not apply
+
+
+def test_summary_numbers_and_results_page(tmp_path):
+    curve = lambda *ps: [(100 * i, p, 10) for i, p in enumerate(ps)]  # noqa: E731
+    results = [
+        result("naive", 0, 0, 0.40),
+        result("naive", 0, 1, 0.42),
+        result("decoupled", 0, 0, 0.40),
+        result("decoupled", 0, 1, 0.42),
+        result("naive", 4, 0, 0.20, curve(0.2, 0.2, 0.2)),
+        result("naive", 4, 1, 0.22, curve(0.2, 0.22, 0.22)),
+        result("decoupled", 4, 0, 0.40, curve(0.2, 0.3, 0.4)),
+        result("decoupled", 4, 1, 0.42, curve(0.2, 0.34, 0.42)),
+        result("darl", 4, 0, 0.44, curve(0.2, 0.36, 0.44), replayed_frac=0.3),
+        result("darl", 4, 1, 0.46, curve(0.2, 0.3, 0.46), replayed_frac=0.3),
+    ]
+    cells = st.group(results)
+    xs, ys = zip(*st.mean_curve(cells[("darl", 4)]), strict=True)
+    assert xs == (0, 100, 200) and ys == pytest.approx((0.2, 0.33, 0.45))
+    # base 0.2, best final mean 0.45 (D-ARL) -> target 0.325
+    target = st.default_target(cells, (4,))
+    assert target == pytest.approx(0.325)
+    assert st.samples_to_target(st.mean_curve(cells[("darl", 4)]), target) == 100
+    assert st.samples_to_target(st.mean_curve(cells[("decoupled", 4)]), target) == 200
+    assert st.samples_to_target(st.mean_curve(cells[("naive", 4)]), target) is None
+    budget = replace(st.FULL, etas=(0, 4), darl_etas=(4,), seeds=2)
+    found = "\n".join(st.findings(cells, budget))
+    assert "0.410 → 0.210; it degrades visibly" in found
+    assert "η = 4: D-ARL 0.450 vs decoupled 0.410, above." in found
+
+    md, png = tmp_path / "staleness.md", tmp_path / "staleness.png"
+    base = {"model": "m", "pass": "0.200"}
+    st.write_markdown(md, results, budget, "relayrl experiment staleness", base, target, 60.0)
+    st.write_plot(png, results, budget)
+    text = md.read_text()
+    assert "| 4 | 0.210 ± 0.014 | 0.410 ± 0.014 | 2.00 / 2.00 |" in text
+    assert "| 4 | D-ARL | 0.450 ± 0.014 | 100 | 2/2 |" in text
+    assert "| 4 | naive async | 0.210 ± 0.014 | not reached | 0/2 |" in text
+    assert "the default's rationale" in text  # a non-default budget says so
+    assert png.stat().st_size > 10_000
+
+
+def test_bad_arguments_are_clear_errors(capsys):
+    assert main(["experiment", "staleness", "--seeds", "0"]) != 0
+    assert "--seeds must be >= 1" in capsys.readouterr().err
+    assert main(["experiment", "staleness", "--model-path", "/nonexistent"]) != 0
+    assert "is not a directory" in capsys.readouterr().err
+    assert st.command_line(["x", "experiment", "staleness", "--quick"]).endswith(
+        "staleness --quick"
+    )
