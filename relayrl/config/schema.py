@@ -124,6 +124,15 @@ class RolloutConfig(Section):
     reward_workers: int = Field(1, gt=0, description="grading processes")
     reward_timeout_s: float = Field(10.0, gt=0, description="per-sample grading timeout")
     startup_timeout_s: float = Field(120.0, gt=0, description="wait for servers to be healthy")
+    max_server_restarts: int = Field(
+        3,
+        ge=0,
+        description="rollout servers restarted after a crash or hang, in total over the run; "
+        "one more failure stops the run (docs/reliability.md)",
+    )
+    server_hang_timeout_s: float = Field(
+        60.0, gt=0, description="a live server process not answering /health this long is hung"
+    )
 
 
 class AlgoConfig(Section):
@@ -189,6 +198,13 @@ class TrainConfig(Section):
     log_text: bool = Field(False, description="write completion text into samples.jsonl")
     tensorboard: bool = Field(False, description="also log metrics to <run>/tb (needs tensorboard)")
     progress: bool = Field(True, description="console progress bar")
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="write <run>/checkpoints/step-N every N steps (0 = only on SIGINT/SIGTERM); "
+        "continue with `relayrl train --resume RUN_DIR` (docs/reliability.md)",
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept (newest)")
 
 
 class RunConfig(Section):
