@@ -52,13 +52,15 @@ def sample_record(t: Trajectory, step: int, version: int, text: str | None) -> d
 
 
 class RunLogger:
-    """Appends to ``<run>/metrics.jsonl`` and ``<run>/samples.jsonl``; close() at the end."""
+    """Writes ``<run>/metrics.jsonl`` and ``<run>/samples.jsonl``; close() at the end.
+    ``append``: continue existing files (a resumed run; see relayrl.train.resume)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = False, append: bool = False) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
-        self._metrics = open(self.metrics_path, "w")  # noqa: SIM115 - closed in close()
-        self._samples = open(self.samples_path, "w")  # noqa: SIM115
+        mode = "a" if append else "w"
+        self._metrics = open(self.metrics_path, mode)  # noqa: SIM115 - closed in close()
+        self._samples = open(self.samples_path, mode)  # noqa: SIM115
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -11,8 +11,13 @@ admission bound would starve the trainer): save safetensors (``/dev/shm`` when p
 ``pause("abort")``, ``update_weights(path, version)``, ``continue_generation()``; the
 client resubmits the aborted requests with their partial output.
 
+Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
+SIGINT/SIGTERM, ``resume=True`` continues from the newest good one
+(``relayrl.train.resume``); dead or hung rollout servers are restarted with the latest
+weights and their requests resubmitted (``relayrl.launch.supervisor``).
+
 Imports: config, engine client, rewards pool, eval, tasks, models, rollout controller,
-trainer, run logger, launcher.
+trainer, run logger, launcher and supervisor, checkpoints.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
 from relayrl.tasks.base import Problem
+from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.resume import RunCheckpoints, StopRequested, StopSignal, begin_run
 from relayrl.train.trainer import RLTrainer
 
 
@@ -77,10 +85,14 @@ def weights_root(config: RunConfig, run_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"relayrl-{config.name}-weights-", dir=base))
 
 
-def resolve_model_dir(config: RunConfig, progress: bool) -> Path:
-    """``model.path``, or the SFT warm start written to ``<run>/sft_model``."""
+def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False) -> Path:
+    """``model.path``, or the SFT warm start written to ``<run>/sft_model`` (reused as it is
+    when ``reuse_sft``: a resumed run keeps its initial policy)."""
     if config.model.path:
         return Path(config.model.path)
+    sft_dir = Path(config.output_dir) / config.name / "sft_model"
+    if reuse_sft and (sft_dir / "config.json").is_file():
+        return sft_dir
     from relayrl.train.sft import run_sft
 
     base = run_sft(config, progress=progress)
@@ -106,7 +118,15 @@ def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, s
 class _Job:
     """Everything one run holds; ``loop()`` is the training coroutine."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, model_dir: Path, launcher, pool) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        model_dir: Path,
+        launcher,
+        pool,
+        resume_from: Checkpoint | None = None,
+    ) -> None:
         from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
         from relayrl.tasks.registry import make_task
 
@@ -122,20 +142,22 @@ class _Job:
         self.test_periodic = test[: config.train.eval_problems]
         self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
         self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-        self.logger = RunLogger(run_dir, config.train.tensorboard)
+        self.logger = RunLogger(run_dir, config.train.tensorboard, append=bool(resume_from))
         self.weights = weights_root(config, run_dir)
         self.evals: list[dict[str, Any]] = []
+        self.resume_from = resume_from
+        self.checkpoints = RunCheckpoints(
+            run_dir, config.train.checkpoint_every, config.train.keep_checkpoints
+        )
+        self.steps_done = 0
+        self.supervisor: ServerSupervisor | None = None
 
     # ------------------------------------------------------------------ pieces
     async def _publish(self, client: RolloutClient, controller: RolloutController) -> float:
         start = time.perf_counter()
         version = self.trainer.version
         path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
-        await client.pause("abort")
-        try:
-            await client.update_weights(str(path), version=version)
-        finally:
-            await client.continue_generation()
+        await self.supervisor.publish(path, version)
         controller.set_published_version(version)
         for old in self.weights.glob("v*"):
             if old != path:
@@ -157,14 +179,44 @@ class _Job:
         self.evals.append(result)
         return result
 
-    async def _watch(self, controller: RolloutController) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            try:
-                self.launcher.check()
-            except RelayError as exc:
-                controller.fail(exc)
-                return
+    async def _resume(self, client: RolloutClient, controller: RolloutController) -> int:
+        """Restore the checkpoint being resumed (if any) and publish its weights to the
+        servers; returns the number of steps already done."""
+        self.checkpoints.register("controller", controller)
+        ckpt = self.resume_from
+        if ckpt is None:
+            return 0
+        self.checkpoints.restore(ckpt, self.trainer)
+        if controller.consumed_version != self.trainer.version:
+            raise RelayError(
+                f"checkpoint {ckpt.path} is inconsistent: trainer version "
+                f"{self.trainer.version}, controller at batch {controller.consumed_version}"
+            )
+        await self._publish(client, controller)
+        ready, running = controller.restored_counts()
+        print(
+            f"resumed from {ckpt.path} (step {ckpt.step}): {ready} complete groups and "
+            f"{running} in-flight prompts restored",
+            flush=True,
+        )
+        return ckpt.step
+
+    async def _after_step(self, done: int, stop: StopSignal) -> None:
+        """Periodic checkpoint; then stop if a signal asked for it."""
+        self.steps_done = done
+        if done < self.config.train.total_steps and self.checkpoints.due(done):
+            await self.checkpoints.save(done, self.trainer, self.tokenizer)
+        if stop.requested:
+            raise StopRequested(stop.signal_name)
+
+    async def _checkpoint_and_stop(self) -> None:
+        done = self.steps_done
+        if done and self.checkpoints.last_step != done:  # step 0: nothing to keep
+            await self.checkpoints.save(done, self.trainer, self.tokenizer)
+        print(
+            f"stopped after step {done}; continue with: relayrl train --resume {self.run_dir}",
+            flush=True,
+        )
 
     def _server_error(self, exc: BaseException) -> RelayError:
         time.sleep(0.5)  # let a dying server's exit status show
@@ -179,6 +231,12 @@ class _Job:
         cfg = self.config
         interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         client = RolloutClient(urls, timeout=3600.0)
+        self.supervisor = ServerSupervisor(
+            self.launcher,
+            client,
+            cfg.rollout.max_server_restarts,
+            cfg.rollout.server_hang_timeout_s,
+        )
         controller = RolloutController(
             self.loader,
             ControllerOptions.from_config(cfg),
@@ -187,24 +245,29 @@ class _Job:
             self.encode,
             self.decode,
         )
+        first = self.steps_done = await self._resume(client, controller)
         controller.start()
-        watch = asyncio.create_task(self._watch(controller))
-        bar = _progress(cfg)
+        stop = StopSignal(controller.fail)
+        stop.install()
+        watch = asyncio.create_task(self.supervisor.watch(controller.fail))
+        bar = _progress(cfg, first)
         start = last = time.perf_counter()
         try:
-            if cfg.train.eval_every:
+            if cfg.train.eval_every and first == 0:
                 self.logger.log_step(
                     {"step": 0, "version": 0, **await self._evaluate(self.test_periodic)}
                 )
-            for step in range(cfg.train.total_steps):
+            for step in range(first, cfg.train.total_steps):
                 metrics = await self._one_step(step, client, controller, interval)
                 now = time.perf_counter()
                 metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
                 gen_tokens = controller.take_generated_tokens()
                 metrics["gen_tokens_per_s"] = gen_tokens / max(now - last, 1e-9)
+                metrics.update(self.supervisor.stats())
                 last = now
                 self.logger.log_step(metrics)
                 _update_bar(bar, metrics)
+                await self._after_step(step + 1, stop)
             final = None
             if cfg.train.total_steps:
                 final = await self._evaluate(self.test_final)
@@ -216,9 +279,13 @@ class _Job:
                         **final,
                     }
                 )
+        except StopRequested:
+            await self._checkpoint_and_stop()
+            raise
         except (RolloutServerError, OSError) as exc:
             raise self._server_error(exc) from exc
         finally:
+            stop.uninstall()
             watch.cancel()
             await controller.stop()
             await client.close()
@@ -271,12 +338,13 @@ class _Job:
         shutil.rmtree(self.weights, ignore_errors=True)
 
 
-def _progress(config: RunConfig):
+def _progress(config: RunConfig, initial: int = 0):
     if not config.train.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=config.train.total_steps, desc="rl", mininterval=1.0, dynamic_ncols=True)
+    total = config.train.total_steps
+    return tqdm(total=total, initial=initial, desc="rl", mininterval=1.0, dynamic_ncols=True)
 
 
 def _update_bar(bar, metrics: dict[str, Any]) -> None:
@@ -294,12 +362,17 @@ def _update_bar(bar, metrics: dict[str, Any]) -> None:
 
 
 def run_train(
-    config: RunConfig, progress: bool | None = None, grader: Grader | None = None
+    config: RunConfig,
+    progress: bool | None = None,
+    grader: Grader | None = None,
+    resume: bool = False,
 ) -> TrainResult:
     """The `relayrl train` job; see the module docstring. Returns the final evaluation.
 
     ``grader(problem, completion) -> reward`` replaces the task's verifier for training
-    rewards (a module-level function: it runs in spawned grading processes).
+    rewards (a module-level function: it runs in spawned grading processes). ``resume``:
+    continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
+    ``relayrl.train.resume.resume_config`` for loading that run's config).
     """
     from relayrl.rewards.pool import GradingPool
     from relayrl.train.sft import prepare_run_dir
@@ -309,9 +382,10 @@ def run_train(
             update={"train": config.train.model_copy(update={"progress": progress})}
         )
     torch.set_num_threads(config.runtime.threads)
-    model_dir = resolve_model_dir(config, config.train.progress)
+    model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
     torch.set_num_threads(config.train.trainer_threads)
     run_dir = prepare_run_dir(config)
+    checkpoint = begin_run(run_dir, config, resume)
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
     spec = ServerSpec(
@@ -335,7 +409,7 @@ def run_train(
     job = None
     try:
         urls = launcher.start()
-        job = _Job(config, run_dir, model_dir, launcher, pool)
+        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint)
         result = asyncio.run(job.loop(urls))
     finally:
         launcher.stop()
