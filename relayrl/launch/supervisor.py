@@ -54,6 +54,9 @@ class ServerSupervisor:
         self.client = client
         self.max_restarts = max_restarts
         self.hang_timeout_s = hang_timeout_s
+        # probe at least twice within the hang timeout, each probe bounded by it
+        self.probe_every_s = min(HEALTH_EVERY_S, hang_timeout_s / 2)
+        self.probe_timeout_s = min(HEALTH_TIMEOUT_S, hang_timeout_s / 2)
         self.restarts = 0
         self.failovers = 0
         self.latest: tuple[Path, int] | None = None  # newest published weights, version
@@ -102,7 +105,7 @@ class ServerSupervisor:
             return current  # already restarted by someone else
         i = self.launcher.index_of(url)
         code = self.launcher.exit_code(i)
-        if code is None and await asyncio.to_thread(healthy, url, HEALTH_TIMEOUT_S):
+        if code is None and await asyncio.to_thread(healthy, url, self.probe_timeout_s):
             return url  # a transient error: the caller retries the same server
         reason = f"exited with code {code}" if code is not None else what
         return await self._restart(i, reason)
@@ -140,14 +143,14 @@ class ServerSupervisor:
         """Restart exited or hung servers until cancelled; ``on_fatal(RelayError)`` when a
         server cannot be restarted any more."""
         failing_since: dict[int, float] = {}
-        next_probe = time.monotonic() + HEALTH_EVERY_S
+        next_probe = time.monotonic() + self.probe_every_s
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             if self._lock.locked():
                 continue  # a publication or restart is under way
             probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
             if probe:
-                next_probe = time.monotonic() + HEALTH_EVERY_S
+                next_probe = time.monotonic() + self.probe_every_s
             try:
                 for i, url in enumerate(list(self.launcher.urls)):
                     reason = await self._failure(i, probe, failing_since)
@@ -168,10 +171,11 @@ class ServerSupervisor:
             return f"exited with code {code}"
         if not probe:
             return None
-        if await asyncio.to_thread(healthy, self.launcher.urls[i], HEALTH_TIMEOUT_S):
+        asked = time.monotonic()
+        if await asyncio.to_thread(healthy, self.launcher.urls[i], self.probe_timeout_s):
             failing_since.pop(i, None)
             return None
-        since = failing_since.setdefault(i, time.monotonic())
+        since = failing_since.setdefault(i, asked)
         if time.monotonic() - since >= self.hang_timeout_s:
             return f"did not answer /health for {self.hang_timeout_s:.0f}s (hung)"
         return None

@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -209,6 +210,28 @@ def resume_config(run_dir: str | Path, overrides: list[str]) -> Any:
         raise RelayError(f"--resume {run_dir}: no config.yaml there (not a relayrl run directory)")
     location = [f"output_dir={run.resolve().parent}", f"name={run.name}"]
     return load_config(str(saved), [*overrides, *location])
+
+
+def remove_orphaned_dirs(base: Path, prefix: str) -> list[Path]:
+    """Remove ``base/<prefix><pid>-*`` directories whose process is gone (a run killed with
+    -9 cannot clean up its published weights); returns the removed paths."""
+    removed = []
+    for path in base.glob(f"{prefix}*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --------------------------------------------------------------------------- signals

@@ -45,7 +45,13 @@ from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutC
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.metrics import RunLogger, batch_metrics
-from relayrl.train.resume import RunCheckpoints, StopRequested, StopSignal, begin_run
+from relayrl.train.resume import (
+    RunCheckpoints,
+    StopRequested,
+    StopSignal,
+    begin_run,
+    remove_orphaned_dirs,
+)
 from relayrl.train.trainer import RLTrainer
 
 
@@ -82,7 +88,9 @@ def weights_root(config: RunConfig, run_dir: Path) -> Path:
     else:
         base = run_dir
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"relayrl-{config.name}-weights-", dir=base))
+    prefix = f"relayrl-{config.name}-weights-"
+    remove_orphaned_dirs(base, prefix)  # left by a killed run (tmpfs is memory)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
 
 
 def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False) -> Path:

@@ -1,6 +1,7 @@
-"""`kill -9` the training process at random moments (also inside a checkpoint write), resume
-each time: every prompt of the epoch is trained exactly as often as an uninterrupted run
-trains it (n_samples times, once), in admission order, logs without gaps or duplicates.
+"""`kill -9` the training process at random moments (also inside a checkpoint write) and
+SIGTERM it once, resume each time: every prompt of the epoch is trained exactly as often as
+an uninterrupted run trains it (n_samples times, once), in admission order, logs without
+gaps or duplicates; nothing is left behind in /dev/shm.
 
 Set RELAYRL_KILL_TRIALS to run more trials (docs/reliability.md reports 20)."""
 
@@ -93,32 +94,42 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, tiny_model
         "runtime.threads=1",
     ]
     rng = random.Random(1234)
-    outputs, kills = [], []
-    for trial in range(TRIALS):
-        in_write = trial % 2 == 1
-        proc = start(first if trial == 0 else ["--resume", str(run)], "0.4" if in_write else "")
+    outputs, kills, pids = [], [], []
+    kinds = ["random", "write", "sigterm"] + ["random", "write"] * TRIALS
+    for trial, kind in enumerate(kinds[: TRIALS + 1]):  # TRIALS kill -9s and one SIGTERM
+        proc = start(first if trial == 0 else ["--resume", str(run)], "0.4" * (kind == "write"))
+        pids.append(proc.pid)
         target = checkpointed(run) + rng.randint(1, 3)  # steps into this attempt
         try:
             alive = wait_for(lambda t=target: metric_steps(run) >= t, proc)
-            if in_write:  # then kill while a checkpoint directory is half written
+            if kind == "write":  # then kill while a checkpoint directory is half written
                 alive = alive and wait_for(lambda: any(run.glob("checkpoints/.tmp-step-*")), proc)
             else:  # then after a random pause
                 time.sleep(rng.uniform(0.0, 0.5))
             if alive and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                kills.append(("write" if in_write else "random", metric_steps(run)))
+                os.kill(proc.pid, signal.SIGTERM if kind == "sigterm" else signal.SIGKILL)
+                kills.append((kind, metric_steps(run)))
         finally:
             out, _ = proc.communicate(timeout=60)
             outputs.append(out.decode(errors="replace"))
-        if in_write and kills and kills[-1][0] == "write":
+        if kills and kills[-1][0] == "write":
             assert any(run.glob("checkpoints/.tmp-step-*")), "the kill missed the write window"
+        if kills and kills[-1][0] == "sigterm":  # a clean stop: checkpoint, exit 130
+            assert proc.returncode == 130, outputs[-1][-2000:]
+            done = re.search(r"stopped after step (\d+)", outputs[-1])
+            assert done and checkpointed(run) == int(done.group(1)) > 0, outputs[-1][-2000:]
     last = start(["--resume", str(run)], "")
     out, _ = last.communicate(timeout=300)
     outputs.append(out.decode(errors="replace"))
     assert last.returncode == 0, outputs[-1][-3000:]
     print("kills (kind, steps logged at the kill):", kills)
-    assert len(kills) >= min(TRIALS, 5) - 1 and any(k == "write" for k, _ in kills), kills
+    assert len(kills) >= TRIALS and {k for k, _ in kills} == {"random", "write", "sigterm"}
     assert not any(run.glob("checkpoints/.tmp-*"))
+    assert not [
+        p
+        for p in Path("/dev/shm").glob("relayrl-run-weights-*")
+        if p.name.split("-")[3] in map(str, pids)
+    ]
 
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert Counter(r["prompt_id"] for r in samples) == expected_prompts(STEPS * B)
