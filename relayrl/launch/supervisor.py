@@ -111,31 +111,38 @@ class ServerSupervisor:
         return await self._restart(i, reason)
 
     async def _restart(self, i: int, reason: str) -> str:
-        if self.restarts >= self.max_restarts:
-            raise RelayError(
-                self.launcher.describe(
-                    i,
-                    reason,
-                    f"it was the limit of rollout.max_server_restarts={self.max_restarts} "
-                    f"restarts ({self.restarts} done); the run cannot continue",
-                )
-            )
-        self.restarts += 1
+        """Replace server ``i``; a replacement that fails to come up counts as a restart
+        too and is replaced in turn, up to the limit."""
         old = self.launcher.urls[i]
-        print(
-            self.launcher.describe(
-                i, reason, f"restarting it ({self.restarts}/{self.max_restarts})"
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
+        while True:
+            if self.restarts >= self.max_restarts:
+                raise RelayError(
+                    self.launcher.describe(
+                        i,
+                        reason,
+                        f"it was the limit of rollout.max_server_restarts={self.max_restarts} "
+                        f"restarts ({self.restarts} done); the run cannot continue",
+                    )
+                )
+            self.restarts += 1
+            note = f"restarting it ({self.restarts}/{self.max_restarts})"
+            print(self.launcher.describe(i, reason, note), file=sys.stderr, flush=True)
+            try:
+                new = await self._start_replacement(i)
+            except (RelayError, RolloutServerError, OSError) as exc:
+                reason = f"could not be restarted ({exc})"
+                continue
+            self.client.replace_url(old, new)
+            self._moved[old] = new
+            return new
+
+    async def _start_replacement(self, i: int) -> str:
+        """A fresh server ``i``, healthy and holding the latest published weights."""
         new = self.launcher.respawn(i)
         await asyncio.to_thread(self.launcher.wait_healthy, [i])
         if self.latest is not None:
             path, version = self.latest
             await self.client.update_weights(str(path), version=version, urls=[new])
-        self.client.replace_url(old, new)
-        self._moved[old] = new
         return new
 
     # ------------------------------------------------------------------ watchdog
@@ -160,8 +167,8 @@ class ServerSupervisor:
                     async with self._lock:
                         if self.launcher.urls[i] == url:  # not restarted meanwhile
                             await self._restart(i, reason)
-            except RelayError as exc:
-                on_fatal(exc)
+            except Exception as exc:  # noqa: BLE001 - the run must hear of any watchdog failure
+                on_fatal(exc if isinstance(exc, RelayError) else RelayError(f"watchdog: {exc!r}"))
                 return
 
     async def _failure(self, i: int, probe: bool, failing_since: dict[int, float]) -> str | None:
