@@ -80,11 +80,14 @@ class RngState:
 
 
 class RunCheckpoints:
-    """The checkpoints of one run: the trainer, always, plus registered components."""
+    """The checkpoints of one run: the trainer (weights, optimizer, scheduler, version),
+    always, plus registered components; see the module docstring."""
 
-    def __init__(self, run_dir: Path, every: int, keep: int) -> None:
-        self.store = CheckpointStore(Path(run_dir) / "checkpoints", keep)
+    def __init__(self, run_dir: Path, every: int, keep: int, trainer: Any, tokenizer: Any) -> None:
+        self.run_dir = Path(run_dir)
+        self.store = CheckpointStore(self.run_dir / "checkpoints", keep)
         self.every = every
+        self.trainer, self.tokenizer = trainer, tokenizer
         self.components: dict[str, tuple[Stateful, bool]] = {}
         self.last_step: int | None = None
         self.register("rng", RngState())
@@ -96,34 +99,49 @@ class RunCheckpoints:
             raise ValueError(f"checkpoint component name {name!r} is taken")
         self.components[name] = (component, required)
 
-    def due(self, step: int) -> bool:
-        """Whether the periodic checkpoint falls after ``step`` steps."""
-        return self.every > 0 and step % self.every == 0 and step != self.last_step
-
-    async def save(self, step: int, trainer: Any, tokenizer: Any) -> Checkpoint:
+    async def save(self, step: int) -> Checkpoint:
         """Checkpoint after ``step`` steps. The states are captured at once (the caller
         holds the trainer still); the files are written in a worker thread so the event
         loop keeps feeding the rollout servers meanwhile."""
         json_states = {name: c.state_dict() for name, (c, _) in self.components.items()}
-        torch_states = {"trainer": trainer_state(trainer)}
+        torch_states = {"trainer": trainer_state(self.trainer)}
         ckpt = await asyncio.to_thread(
-            self.store.write, step, trainer.model, tokenizer, json_states, torch_states
+            self.store.write, step, self.trainer.model, self.tokenizer, json_states, torch_states
         )
         self.last_step = step
         return ckpt
 
-    def restore(self, ckpt: Checkpoint, trainer: Any) -> None:
-        """Load ``ckpt`` into the trainer and every registered component."""
+    async def after_step(self, done: int, total: int, stop: StopSignal) -> None:
+        """The periodic checkpoint after ``done`` of ``total`` steps; then raise
+        :class:`StopRequested` if a signal asked for a stop."""
+        periodic = self.every > 0 and done % self.every == 0
+        if periodic and done < total and done != self.last_step:
+            await self.save(done)
+        if stop.requested:
+            raise StopRequested(stop.signal_name)
+
+    async def save_and_stop(self, done: int) -> None:
+        """The checkpoint of a stop on a signal (none after step 0: nothing to keep)."""
+        if done and done != self.last_step:
+            await self.save(done)
+        print(
+            f"stopped after step {done}; continue with: relayrl train --resume {self.run_dir}",
+            flush=True,
+        )
+
+    def restore(self, ckpt: Checkpoint) -> int:
+        """Load ``ckpt`` into the trainer and every registered component; returns its step."""
         from relayrl.engine.weights import load_into, read_state_dict
 
-        load_into(trainer.model, read_state_dict(ckpt.model_dir))
-        load_trainer_state(trainer, ckpt.read_torch("trainer"))
+        load_into(self.trainer.model, read_state_dict(ckpt.model_dir))
+        load_trainer_state(self.trainer, ckpt.read_torch("trainer"))
         for name, (component, required) in self.components.items():
             if ckpt.has(name):
                 component.load_state_dict(ckpt.read_json(name))
             elif required:
                 raise RelayError(f"checkpoint {ckpt.path} holds no {name!r} state")
         self.last_step = ckpt.step
+        return ckpt.step
 
 
 def trainer_state(trainer: Any) -> dict[str, Any]:

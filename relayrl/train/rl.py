@@ -94,18 +94,19 @@ def weights_root(config: RunConfig, run_dir: Path) -> Path:
 
 
 def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False) -> Path:
-    """``model.path``, or the SFT warm start written to ``<run>/sft_model`` (reused as it is
-    when ``reuse_sft``: a resumed run keeps its initial policy)."""
+    """``model.path``, or the SFT warm start written to ``<run>/sft_model`` (reused when
+    ``reuse_sft`` and the SFT job finished, i.e. wrote ``sft_summary.json`` after the model:
+    a resumed run keeps its initial policy)."""
     if config.model.path:
         return Path(config.model.path)
-    sft_dir = Path(config.output_dir) / config.name / "sft_model"
-    if reuse_sft and (sft_dir / "config.json").is_file():
-        return sft_dir
+    run_dir = Path(config.output_dir) / config.name
+    if reuse_sft and (run_dir / "sft_summary.json").is_file():
+        return run_dir / "sft_model"
     from relayrl.train.sft import run_sft
 
     base = run_sft(config, progress=progress)
     print(f"sft warm start: base_pass@1={base:.2f}", flush=True)
-    return Path(config.output_dir) / config.name / "sft_model"
+    return run_dir / "sft_model"
 
 
 def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, seed: int):
@@ -155,7 +156,11 @@ class _Job:
         self.evals: list[dict[str, Any]] = []
         self.resume_from = resume_from
         self.checkpoints = RunCheckpoints(
-            run_dir, config.train.checkpoint_every, config.train.keep_checkpoints
+            run_dir,
+            config.train.checkpoint_every,
+            config.train.keep_checkpoints,
+            self.trainer,
+            self.tokenizer,
         )
         self.steps_done = 0
         self.supervisor: ServerSupervisor | None = None
@@ -191,40 +196,19 @@ class _Job:
         """Restore the checkpoint being resumed (if any) and publish its weights to the
         servers; returns the number of steps already done."""
         self.checkpoints.register("controller", controller)
-        ckpt = self.resume_from
-        if ckpt is None:
+        if self.resume_from is None:
             return 0
-        self.checkpoints.restore(ckpt, self.trainer)
-        if controller.consumed_version != self.trainer.version:
-            raise RelayError(
-                f"checkpoint {ckpt.path} is inconsistent: trainer version "
-                f"{self.trainer.version}, controller at batch {controller.consumed_version}"
-            )
+        done = self.checkpoints.restore(self.resume_from)
+        versions = (done, self.trainer.version, controller.consumed_version)
+        assert len(set(versions)) == 1, f"checkpoint step, trainer, controller: {versions}"
         await self._publish(client, controller)
         ready, running = controller.restored_counts()
         print(
-            f"resumed from {ckpt.path} (step {ckpt.step}): {ready} complete groups and "
-            f"{running} in-flight prompts restored",
+            f"resumed from {self.resume_from.path}: {ready} complete groups and {running} "
+            "in-flight prompts restored",
             flush=True,
         )
-        return ckpt.step
-
-    async def _after_step(self, done: int, stop: StopSignal) -> None:
-        """Periodic checkpoint; then stop if a signal asked for it."""
-        self.steps_done = done
-        if done < self.config.train.total_steps and self.checkpoints.due(done):
-            await self.checkpoints.save(done, self.trainer, self.tokenizer)
-        if stop.requested:
-            raise StopRequested(stop.signal_name)
-
-    async def _checkpoint_and_stop(self) -> None:
-        done = self.steps_done
-        if done and self.checkpoints.last_step != done:  # step 0: nothing to keep
-            await self.checkpoints.save(done, self.trainer, self.tokenizer)
-        print(
-            f"stopped after step {done}; continue with: relayrl train --resume {self.run_dir}",
-            flush=True,
-        )
+        return done
 
     def _server_error(self, exc: BaseException) -> RelayError:
         time.sleep(0.5)  # let a dying server's exit status show
@@ -275,7 +259,8 @@ class _Job:
                 last = now
                 self.logger.log_step(metrics)
                 _update_bar(bar, metrics)
-                await self._after_step(step + 1, stop)
+                self.steps_done = step + 1
+                await self.checkpoints.after_step(self.steps_done, cfg.train.total_steps, stop)
             final = None
             if cfg.train.total_steps:
                 final = await self._evaluate(self.test_final)
@@ -288,7 +273,7 @@ class _Job:
                     }
                 )
         except StopRequested:
-            await self._checkpoint_and_stop()
+            await self.checkpoints.save_and_stop(self.steps_done)
             raise
         except (RolloutServerError, OSError) as exc:
             raise self._server_error(exc) from exc
