@@ -82,45 +82,31 @@ def test_resumed_controller_trains_the_same_prompts_in_the_same_order(seed):
     assert len({i for i, _ in rest} & set(restored)) == len(restored)  # all of them trained
 
 
-def test_restored_group_beyond_eta_is_refused():
-    rng = random.Random(0)
-    options = ControllerOptions(eta=2, **OPTIONS)
+def state_at(eta: int, stop_at: int, seed: int) -> dict:
+    """The controller state after ``stop_at`` steps of a run with bound ``eta``."""
+    rng = random.Random(seed)
     servers = FakeServers(rng)
-    _, state = asyncio.run(
-        train(
-            make_controller(servers, options, lambda p, t: FakeReward(1.0)),
-            servers,
-            9,
-            2,
-            0,
-            rng,
-            3,
-        )
+    ctrl = make_controller(
+        servers, ControllerOptions(eta=eta, **OPTIONS), lambda p, t: FakeReward(1.0)
     )
+    return asyncio.run(train(ctrl, servers, 9, eta, 0, rng, stop_at))[1]
+
+
+def test_restored_group_beyond_eta_is_refused():
+    state = state_at(eta=2, stop_at=3, seed=0)
     ready = [g for g in state["pending"] if g["status"] == "ready"]
-    assert ready, "expected complete groups waiting at the checkpoint"
-    strict = make_controller(FakeServers(rng), ControllerOptions(eta=0, **OPTIONS), None)
     assert any(min(t["versions"]) < 3 for g in ready for t in g["trajectories"])
+    strict = make_controller(
+        FakeServers(random.Random(0)), ControllerOptions(eta=0, **OPTIONS), None
+    )
     with pytest.raises(RelayError, match="above rollout.eta=0: it must not be trained"):
         strict.load_state_dict(state)
 
 
 def test_changed_prompts_are_refused():
-    rng = random.Random(1)
+    state = state_at(eta=1, stop_at=2, seed=1)
     options = ControllerOptions(eta=1, **OPTIONS)
-    servers = FakeServers(rng)
-    _, state = asyncio.run(
-        train(
-            make_controller(servers, options, lambda p, t: FakeReward(1.0)),
-            servers,
-            9,
-            1,
-            0,
-            rng,
-            2,
-        )
-    )
-    other = make_controller(FakeServers(rng), options, None, probs=problems(50)[::-1])
+    other = make_controller(FakeServers(random.Random(1)), options, None, probs=problems(50)[::-1])
     with pytest.raises(RelayError, match="train prompts changed since the checkpoint"):
         other.load_state_dict(state)
 
