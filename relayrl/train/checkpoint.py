@@ -115,11 +115,6 @@ class Checkpoint:
     def model_dir(self) -> Path:
         return self.path / "model"
 
-    def names(self) -> list[str]:
-        """Names of the JSON and torch states it holds."""
-        files = self.manifest["files"]
-        return sorted({Path(f).stem for f in files if "/" not in f})
-
     def read_json(self, name: str) -> Any:
         return json.loads((self.path / f"{name}.json").read_text())
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.cli import build_parser
+from relayrl.cli import train as train_cli
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model
 from relayrl.train.resume import begin_run, resume_config, truncate_logs
@@ -87,6 +89,11 @@ def test_resume_refuses_a_finished_run_and_a_missing_one(tmp_path, tiny_model_di
     assert Path(config.output_dir) == tmp_path and config.name == "moved"
     assert config.train.total_steps == 5 and config.rollout.n_samples == 4
     assert begin_run(moved, config, resume=True) is None  # no checkpoint yet: from step 0
+    args = build_parser().parse_args(["train", "--resume", str(moved), "train.total_steps=7"])
+    assert train_cli._config(args).train.total_steps == 7  # argparse took it as CONFIG
+    args = build_parser().parse_args(["train", "c.yaml", "--resume", str(moved)])
+    with pytest.raises(RelayError, match="pass only KEY=VALUE overrides"):
+        train_cli._config(args)
     (moved / "train_summary.json").write_text("{}")
     with pytest.raises(RelayError, match="already finished"):
         begin_run(moved, config, resume=True)
