@@ -1,4 +1,6 @@
 """``relayrl train CONFIG [KEY=VALUE ...]``: asynchronous RL (servers + controller + trainer).
+``relayrl train --resume RUN_DIR [KEY=VALUE ...]`` continues a run from its newest good
+checkpoint (its saved config.yaml plus the overrides; docs/reliability.md).
 
 ``relayrl train --replay-from RUN_DIR CONFIG [KEY=VALUE ...]`` trains instead on the
 trajectories a run recorded with ``train.dump_trajectories=true`` (no rollout server, no
@@ -11,13 +13,28 @@ from __future__ import annotations
 import argparse
 import signal
 
-from relayrl.cli.common import add_config_arguments, load_run_config
+from relayrl.errors import RelayError
 
 HELP = "train with asynchronous RL (starts rollout servers); prints final_pass@1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    parser.add_argument(
+        "config", nargs="?", default=None, help="YAML run config (see configs/); not with --resume"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides, e.g. rollout.eta=2 train.total_steps=100",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR from its newest good checkpoint "
+        "(SIGINT/SIGTERM write one before stopping)",
+    )
     parser.add_argument(
         "--replay-from",
         metavar="RUN_DIR",
@@ -28,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """SIGTERM stops the run like Ctrl-C: servers and graders are shut down cleanly."""
+    """SIGTERM stops the run like Ctrl-C: servers and graders are shut down cleanly (during
+    the training loop: after the current step, with a checkpoint)."""
 
     def handler(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt
@@ -36,8 +54,28 @@ def interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _config(args: argparse.Namespace):
+    overrides = list(args.overrides)
+    if args.resume is None:
+        if args.config is None:
+            raise RelayError("relayrl train needs a CONFIG (or --resume RUN_DIR)")
+        from relayrl.config.loader import load_config
+
+        return load_config(args.config, overrides)
+    if args.config is not None:
+        if "=" not in args.config:
+            raise RelayError(
+                f"--resume takes the config saved in {args.resume}/config.yaml; "
+                f"got {args.config!r} too (pass only KEY=VALUE overrides)"
+            )
+        overrides.insert(0, args.config)  # argparse took the first override as CONFIG
+    from relayrl.train.resume import resume_config
+
+    return resume_config(args.resume, overrides)
+
+
 def run(args: argparse.Namespace) -> int:
-    config = load_run_config(args)
+    config = _config(args)
     interrupt_on_sigterm()
     if args.replay_from:
         from relayrl.train.replay_dump import run_replay
@@ -46,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from relayrl.train.rl import run_train
 
-        result = run_train(config)
+        result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
     print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
     if result.final_pass_at_1 is not None:

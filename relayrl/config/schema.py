@@ -124,6 +124,15 @@ class RolloutConfig(Section):
     reward_workers: int = Field(1, gt=0, description="grading processes")
     reward_timeout_s: float = Field(10.0, gt=0, description="per-sample grading timeout")
     startup_timeout_s: float = Field(120.0, gt=0, description="wait for servers to be healthy")
+    max_server_restarts: int = Field(
+        3,
+        ge=0,
+        description="rollout servers restarted after a crash or hang, in total over the run; "
+        "one more failure stops the run (docs/reliability.md)",
+    )
+    server_hang_timeout_s: float = Field(
+        60.0, gt=0, description="a live server process not answering /health this long is hung"
+    )
 
 
 class AlgoConfig(Section):
@@ -215,6 +224,13 @@ class TrainConfig(Section):
     log_every: int = Field(
         10, ge=0, description="steps between plain progress lines when stdout is not a terminal"
     )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="write <run>/checkpoints/step-N every N steps (0 = only on SIGINT/SIGTERM); "
+        "continue with `relayrl train --resume RUN_DIR` (docs/reliability.md)",
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept (newest)")
 
 
 class ReplayConfig(Section):

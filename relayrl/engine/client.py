@@ -17,6 +17,14 @@ token budget. Ids, logprobs and versions are concatenated, so earlier tokens kee
 logprobs and versions. The continuation's seed is ``continuation_seed(seed, n)`` with ``n``
 the number of tokens already generated: a run is reproducible given the same interruption
 points.
+
+Failover: with a ``recover`` callback (``async (url) -> url``, see
+``relayrl.launch.supervisor``), a request whose server cannot be reached (connection refused or
+reset after the retries, i.e. a :class:`RolloutServerError` without an HTTP status) awaits
+``recover(url)`` — which restarts the server and returns its new URL, or raises when it gives
+up — and is resubmitted there as ``prompt + the tokens received so far`` with the same seed
+rule, at most ``max_failovers`` times per request. :meth:`replace_url` moves the server list
+and sticky routes to the new URL.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import asyncio
 import itertools
 import json as jsonlib
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +44,7 @@ from relayrl.engine.types import SamplingParams
 
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 MAX_STICKY_KEYS = 100_000
+Recover = Callable[[str], Awaitable[str]]
 
 
 class RolloutServerError(RuntimeError):
@@ -44,6 +54,11 @@ class RolloutServerError(RuntimeError):
         super().__init__(f"rollout server {url}: {message}")
         self.url = url
         self.status = status
+
+    @property
+    def unreachable(self) -> bool:
+        """No HTTP answer at all (refused, reset, timed out): the server may be down."""
+        return self.status is None
 
 
 @dataclass
@@ -57,6 +72,7 @@ class Generation:
     prompt_tokens: int
     server: str
     resubmissions: int = 0
+    failovers: int = 0
     text: str | None = None
     meta_info: dict[str, Any] = field(default_factory=dict)
 
@@ -110,6 +126,8 @@ class RolloutClient:
         backoff: float = 0.2,
         max_connections: int = 256,
         max_resubmits: int = 32,
+        recover: Recover | None = None,
+        max_failovers: int = 8,
     ) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
@@ -124,6 +142,8 @@ class RolloutClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_resubmits = max_resubmits
+        self.recover = recover
+        self.max_failovers = max_failovers
         self._rr = itertools.count()
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._resumed = asyncio.Event()
@@ -153,6 +173,14 @@ class RolloutClient:
         else:
             self._sticky.move_to_end(key)
         return url
+
+    def replace_url(self, old: str, new: str) -> None:
+        """Server ``old`` now lives at ``new`` (restarted): reroute everything to it."""
+        new = new.rstrip("/")
+        self.urls = [new if u == old else u for u in self.urls]
+        for key, url in self._sticky.items():
+            if url == old:
+                self._sticky[key] = new
 
     async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
         """One HTTP call with retries on connection errors; raises RolloutServerError."""
@@ -200,10 +228,11 @@ class RolloutClient:
             url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
         ) from last
 
-    async def _broadcast(self, path: str, json: Any = None) -> list[Any]:
-        return list(
-            await asyncio.gather(*(self._request("POST", u, path, json) for u in self.urls))
-        )
+    async def _broadcast(
+        self, path: str, json: Any = None, urls: list[str] | None = None
+    ) -> list[Any]:
+        targets = self.urls if urls is None else urls
+        return list(await asyncio.gather(*(self._request("POST", u, path, json) for u in targets)))
 
     # ------------------------------------------------------------------ control
     async def health(self) -> list[Any]:
@@ -225,11 +254,13 @@ class RolloutClient:
         finally:
             self._resumed.set()
 
-    async def update_weights(self, model_path: str, version: int | None = None) -> list[Any]:
-        """Load ``model_path`` on every server, tagging new tokens with ``version``."""
-        return await self._broadcast(
-            "/update_weights_from_disk", {"model_path": str(model_path), "weight_version": version}
-        )
+    async def update_weights(
+        self, model_path: str, version: int | None = None, urls: list[str] | None = None
+    ) -> list[Any]:
+        """Load ``model_path`` on every server (or on ``urls``), tagging new tokens with
+        ``version``."""
+        body = {"model_path": str(model_path), "weight_version": version}
+        return await self._broadcast("/update_weights_from_disk", body, urls)
 
     # ------------------------------------------------------------------ generation
     async def generate_once(
@@ -260,11 +291,22 @@ class RolloutClient:
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        resubmits = 0
+        resubmits = failovers = 0
         while True:
             part = dict(params, max_new_tokens=budget - len(ids))
             part["seed"] = continuation_seed(seed, len(ids)) if ids else seed
-            out = await self.generate_once(list(input_ids) + ids, part, url=url)
+            try:
+                out = await self.generate_once(list(input_ids) + ids, part, url=url)
+            except RolloutServerError as exc:
+                if not exc.unreachable or self.recover is None:
+                    raise
+                if failovers >= self.max_failovers:
+                    raise RolloutServerError(
+                        url, f"still unreachable after {failovers} failovers ({exc})"
+                    ) from exc
+                failovers += 1
+                url = await self.recover(url)
+                continue
             ids += out.output_ids
             logprobs += out.output_logprobs
             versions += out.output_versions
@@ -283,6 +325,7 @@ class RolloutClient:
                     prompt_tokens=len(input_ids),
                     server=url,
                     resubmissions=resubmits,
+                    failovers=failovers,
                     meta_info=out.meta_info,
                 )
             resubmits += 1

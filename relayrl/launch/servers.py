@@ -5,7 +5,9 @@ Owns: :class:`ServerLauncher`. ``mode="process"`` (the real path) starts one
 thread count, its output in ``<run>/server-<i>.log``, and (on Linux) a parent-death signal so
 a killed trainer never leaves servers behind. ``mode="thread"`` runs the same HTTP server in
 this process (tests). :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a
-server that died; :meth:`stop` terminates every child (SIGTERM, then SIGKILL).
+server that died; :meth:`respawn` replaces one server by a fresh process on a new port (the
+policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`stop` terminates every
+child (SIGTERM, then SIGKILL).
 
 Imports: the engine's server module (thread mode only), the standard library otherwise.
 """
@@ -42,9 +44,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str, timeout: float = 1.0) -> bool:
+    """Whether ``url`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1.0) as r:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
             return r.status == 200
     except OSError:
         return False
@@ -106,11 +109,20 @@ class ServerLauncher:
         return cmd
 
     def _start_process(self, i: int) -> None:
+        proc, log, url = self._spawn(i, "w")
+        self._procs.append(proc)
+        self._logs.append(log)
+        self.urls.append(url)
+
+    def _spawn(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
         port = free_port()
         log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.spec.threads))
-        with open(log, "w") as out:
+        with open(log, log_mode) as out:
+            if log_mode == "a":
+                out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
+                out.flush()
             proc = subprocess.Popen(
                 self._command(port),
                 stdout=out,
@@ -119,16 +131,14 @@ class ServerLauncher:
                 env=env,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
-        self._procs.append(proc)
-        self._logs.append(log)
-        self.urls.append(f"http://127.0.0.1:{port}")
+        return proc, log, f"http://127.0.0.1:{port}"
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, indices: list[int] | None = None) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        waiting = set(range(len(self._procs)))
+        waiting = set(range(len(self._procs)) if indices is None else indices)
         while waiting:
             self.check()
-            waiting = {i for i in waiting if not _healthy(self.urls[i])}
+            waiting = {i for i in waiting if not healthy(self.urls[i])}
             if waiting and time.monotonic() > deadline:
                 i = min(waiting)
                 raise RelayError(
@@ -155,6 +165,49 @@ class ServerLauncher:
         self._threads.append((server, engine))
         self.urls.append(server.url)
 
+    # ------------------------------------------------------------------ replace one
+    @property
+    def is_process_mode(self) -> bool:
+        return self.mode != "thread"
+
+    def index_of(self, url: str) -> int:
+        try:
+            return self.urls.index(url)
+        except ValueError:
+            raise RelayError(f"{url} is not one of this run's rollout servers") from None
+
+    def exit_code(self, i: int) -> int | None:
+        """Server ``i``'s exit status, or None while it runs (thread servers: always None)."""
+        return self._procs[i].poll() if self.is_process_mode else None
+
+    def respawn(self, i: int) -> str:
+        """Replace server ``i`` (killed first if still running) by a fresh process on a new
+        port, its output appended to the same log; returns its URL, not yet healthy (see
+        :meth:`wait_healthy`). Call it from the thread that started the servers: the
+        parent-death signal follows the thread that forked."""
+        if not self.is_process_mode:
+            server, engine = self._threads[i]
+            server.stop()
+            engine.shutdown()
+            self._threads.pop(i)
+            self._start_thread()
+            self._threads.insert(i, self._threads.pop())
+            self.urls[i] = self.urls.pop()
+            return self.urls[i]
+        old = self._procs[i]
+        if old.poll() is None:
+            with contextlib.suppress(OSError):
+                old.kill()
+            old.wait(timeout=10)
+        self._procs[i], self._logs[i], self.urls[i] = self._spawn(i, "a")
+        return self.urls[i]
+
+    def wait_healthy(self, indices: list[int]) -> None:
+        """Block until servers ``indices`` answer /health (RelayError after the startup
+        timeout or if one exits)."""
+        if self.is_process_mode:
+            self._wait_healthy(indices)
+
     # ------------------------------------------------------------------ watch and stop
     @property
     def pids(self) -> list[int]:
@@ -165,14 +218,20 @@ class ServerLauncher:
         for i, proc in enumerate(self._procs):
             code = proc.poll()
             if code is not None:
-                tail = ""
-                with contextlib.suppress(OSError):
-                    lines = self._logs[i].read_text(errors="replace").strip().splitlines()
-                    tail = ("; last output: " + lines[-1][-300:]) if lines else ""
-                raise RelayError(
-                    f"rollout server {i} ({self.urls[i]}, pid {proc.pid}) exited with code "
-                    f"{code}; the run cannot continue (log: {self._logs[i]}){tail}"
-                )
+                raise RelayError(self.describe(i, f"exited with code {code}"))
+
+    def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
+        """``rollout server i (url, pid) <what>; <consequence> (log: ...); last output: ...``"""
+        if not self.is_process_mode:
+            return f"rollout server {i} ({self.urls[i]}, in-process) {what}; {consequence}"
+        tail = ""
+        with contextlib.suppress(OSError):
+            lines = self._logs[i].read_text(errors="replace").strip().splitlines()
+            tail = ("; last output: " + lines[-1][-300:]) if lines else ""
+        return (
+            f"rollout server {i} ({self.urls[i]}, pid {self._procs[i].pid}) {what}; "
+            f"{consequence} (log: {self._logs[i]}){tail}"
+        )
 
     def stop(self) -> None:
         for proc in self._procs:

@@ -7,7 +7,9 @@ works. One feeder thread per worker sends it items and waits for the answer up t
 
 * the grader raised → reward 0, status ``error`` (counted), the worker keeps going;
 * no answer in time → the worker is killed and replaced, reward 0, status ``timeout``;
-* the worker died (``os._exit``, segfault, OOM kill) → replaced, reward 0, status ``crash``.
+* the worker died (``os._exit``, segfault, OOM kill) → replaced, reward 0, status ``crash``;
+* the worker died while idle (e.g. killed from outside between two items) → replaced
+  before the next item is sent, which is graded normally (counted in ``restarts`` only).
 
 APIs: :meth:`GradingPool.grade_batch` (blocking, results in input order),
 :meth:`GradingPool.submit` (a ``concurrent.futures.Future``), and the asyncio-friendly
@@ -193,6 +195,9 @@ class GradingPool:
         self, worker: _Worker | None, problem: Problem, completion: str
     ) -> tuple[_Worker | None, RewardResult]:
         start = time.monotonic()
+        if worker is not None and not worker.process.is_alive():
+            self._replace(worker)  # died while idle: not this item's fault
+            worker = None
         try:
             if worker is None:
                 worker = _Worker(self._ctx, self._grader, self.start_timeout_s)

@@ -106,6 +106,13 @@ class PromptLoader:
         self.draws += 1
         return self.draws - 1, problem
 
+    def problem_at(self, draw: int) -> Problem:
+        """The problem handed out by draw number ``draw`` (the order is a function of the
+        seed, so a checkpoint can store prompt indices instead of problems)."""
+        epoch, position = divmod(draw, len(self.problems))
+        order = self._order if epoch == self.epoch else self._epoch_order(epoch)
+        return self.problems[order[position]]
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "draws": self.draws}
 
@@ -221,6 +228,9 @@ class RolloutController:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._admit_wake, self._batch_wake = asyncio.Event(), asyncio.Event()
+        for group in list(self._running.values()):  # restored in-flight groups go first
+            group.submit_version = self.published_version
+            self._launch(group)
         self._admit_task = asyncio.create_task(self._admission_loop(), name="admission")
 
     async def stop(self) -> None:
@@ -296,6 +306,9 @@ class RolloutController:
         self._running[group.index] = group
         self._pending.append(group)
         self.counters["admitted_groups"] += 1
+        self._launch(group)
+
+    def _launch(self, group: Group) -> None:
         task = asyncio.create_task(self._run_group(group), name=group.key)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -434,9 +447,86 @@ class RolloutController:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Loader position and counters (in-flight groups are regenerated on resume)."""
-        return {"loader": self.loader.state_dict(), "counters": dict(self.counters)}
+        """Everything needed to continue losslessly (JSON): the loader position, counters,
+        the groups admitted but not yet trained, in admission order (complete ones with
+        their trajectories, texts and versions; in-flight ones by prompt index, generated
+        again on resume with the same request seeds), and the admission bookkeeping."""
+        pending = []
+        for g in self._pending:
+            entry: dict[str, Any] = {
+                "index": g.index,
+                "prompt_index": g.prompt_index,
+                "prompt_id": g.problem.id,
+                "submit_version": g.submit_version,
+                "status": g.status,
+            }
+            if g.status == "ready":
+                entry["trajectories"] = [t.to_dict() for t in g.trajectories]
+                entry["texts"] = list(g.texts)
+            pending.append(entry)
+        return {
+            "loader": self.loader.state_dict(),
+            "counters": dict(self.counters),
+            "accepted": self.accepted,
+            "consumed_version": self.consumed_version,
+            "next_index": self._next_index,
+            "pending": pending,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` before :meth:`start`; in-flight groups are generated
+        again first, in their original admission order, ahead of any new prompt.
+
+        Raises RelayError if a restored complete group would break the staleness bound at
+        the restored trainer version, or if the train prompts changed since the checkpoint.
+        """
+        assert self._admit_task is None, "load_state_dict() must come before start()"
         self.loader.load_state_dict(state["loader"])
         self.counters = Counter(state["counters"])
+        self.accepted = int(state["accepted"])
+        self.consumed_version = int(state["consumed_version"])
+        self._next_index = int(state["next_index"])
+        self._pending.clear()
+        self._running.clear()
+        for entry in state["pending"]:
+            group = self._restore_group(entry)
+            self._pending.append(group)
+            if group.status == "running":
+                self._running[group.index] = group
+
+    def _restore_group(self, entry: dict[str, Any]) -> Group:
+        problem = self.loader.problem_at(int(entry["prompt_index"]))
+        if problem.id != entry["prompt_id"]:
+            raise RelayError(
+                f"the train prompts changed since the checkpoint: draw {entry['prompt_index']} "
+                f"was {entry['prompt_id']!r}, now {problem.id!r}; resume with the same "
+                "task/dataset settings and seed"
+            )
+        group = Group(
+            index=int(entry["index"]),
+            prompt_index=int(entry["prompt_index"]),
+            problem=problem,
+            prompt_ids=self._encode(problem),
+            submit_version=int(entry["submit_version"]),
+            admitted_at=time.perf_counter(),
+            status=entry["status"],
+        )
+        if group.status == "ready":
+            group.trajectories = [Trajectory.from_dict(t) for t in entry["trajectories"]]
+            group.texts = list(entry["texts"])
+            self._check_restored_staleness(group)
+        return group
+
+    def _check_restored_staleness(self, group: Group) -> None:
+        version = self.consumed_version
+        worst = max(t.staleness(version) for t in group.trajectories)
+        if worst > self.opt.eta:
+            raise RelayError(
+                f"checkpoint holds group {group.key} (prompt {group.problem.id!r}) of staleness "
+                f"{worst} at trainer version {version}, above rollout.eta={self.opt.eta}: it "
+                f"must not be trained; resume with rollout.eta >= {worst}"
+            )
+
+    def restored_counts(self) -> tuple[int, int]:
+        """(complete, in-flight) groups waiting to be trained, e.g. right after a restore."""
+        return self.ready_groups, self.running_groups

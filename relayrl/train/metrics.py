@@ -71,7 +71,8 @@ class RunLogger:
     step's scalars to the configured sinks (``relayrl.train.loggers``); close() at the end.
 
     ``decode(ids) -> text`` writes prompt and completion text into each sample row;
-    ``dump`` writes the whole trajectory too.
+    ``dump`` writes the whole trajectory too. ``append``: continue existing files (a resumed
+    run; see relayrl.train.resume).
     """
 
     def __init__(
@@ -80,22 +81,28 @@ class RunLogger:
         sinks: Sequence[MetricSink] = (),
         decode: Callable[[list[int]], str] | None = None,
         dump: bool = False,
+        append: bool = False,
     ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.sinks = list(sinks)
         self.decode, self.dump = decode, dump
-        self._metrics = open(self.metrics_path, "w")  # noqa: SIM115 - closed in close()
-        self._samples = open(self.samples_path, "w")  # noqa: SIM115
+        mode = "a" if append else "w"
+        self._metrics = open(self.metrics_path, mode)  # noqa: SIM115 - closed in close()
+        self._samples = open(self.samples_path, mode)  # noqa: SIM115
 
     @classmethod
     def from_config(
-        cls, run_dir: Path, config: RunConfig, decode: Callable[[list[int]], str]
+        cls,
+        run_dir: Path,
+        config: RunConfig,
+        decode: Callable[[list[int]], str],
+        append: bool = False,
     ) -> RunLogger:
         """The logger ``config.train`` asks for (sinks, text, trajectory dump)."""
         train = config.train
         text = decode if train.log_text or train.dump_trajectories else None
-        return cls(run_dir, open_sinks(run_dir, config), text, train.dump_trajectories)
+        return cls(run_dir, open_sinks(run_dir, config), text, train.dump_trajectories, append)
 
     def log_step(self, metrics: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(metrics) + "\n")

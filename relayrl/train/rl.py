@@ -11,8 +11,13 @@ admission bound would starve the trainer): save safetensors (``/dev/shm`` when p
 ``pause("abort")``, ``update_weights(path, version)``, ``continue_generation()``; the
 client resubmits the aborted requests with their partial output.
 
+Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
+SIGINT/SIGTERM, ``resume=True`` continues from the newest good one
+(``relayrl.train.resume``); dead or hung rollout servers are restarted with the latest
+weights and their requests resubmitted (``relayrl.launch.supervisor``).
+
 Imports: config, engine client, rewards pool, eval, tasks, models, rollout controller,
-trainer, run logger and loggers, console dashboard, launcher.
+trainer, run logger and loggers, console dashboard, launcher and supervisor, checkpoints.
 """
 
 from __future__ import annotations
@@ -34,12 +39,21 @@ from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
 from relayrl.tasks.base import Problem
+from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.dashboard import Dashboard
 from relayrl.train.loggers import check_loggers
 from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.resume import (
+    RunCheckpoints,
+    StopRequested,
+    StopSignal,
+    begin_run,
+    remove_orphaned_dirs,
+)
 from relayrl.train.trainer import RLTrainer
 
 
@@ -76,18 +90,25 @@ def weights_root(config: RunConfig, run_dir: Path) -> Path:
     else:
         base = run_dir
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"relayrl-{config.name}-weights-", dir=base))
+    prefix = f"relayrl-{config.name}-weights-"
+    remove_orphaned_dirs(base, prefix)  # left by a killed run (tmpfs is memory)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
 
 
-def resolve_model_dir(config: RunConfig, progress: bool) -> Path:
-    """``model.path``, or the SFT warm start written to ``<run>/sft_model``."""
+def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False) -> Path:
+    """``model.path``, or the SFT warm start written to ``<run>/sft_model`` (reused when
+    ``reuse_sft`` and the SFT job finished, i.e. wrote ``sft_summary.json`` after the model:
+    a resumed run keeps its initial policy)."""
     if config.model.path:
         return Path(config.model.path)
+    run_dir = Path(config.output_dir) / config.name
+    if reuse_sft and (run_dir / "sft_summary.json").is_file():
+        return run_dir / "sft_model"
     from relayrl.train.sft import run_sft
 
     base = run_sft(config, progress=progress)
     print(f"sft warm start: base_pass@1={base:.2f}", flush=True)
-    return Path(config.output_dir) / config.name / "sft_model"
+    return run_dir / "sft_model"
 
 
 def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, seed: int):
@@ -123,7 +144,15 @@ def eval_metrics(
 class _Job:
     """Everything one run holds; ``loop()`` is the training coroutine."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, model_dir: Path, launcher, pool) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        model_dir: Path,
+        launcher,
+        pool,
+        resume_from: Checkpoint | None = None,
+    ) -> None:
         from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
         from relayrl.tasks.registry import make_task
 
@@ -139,20 +168,26 @@ class _Job:
         self.test_periodic = test[: config.train.eval_problems]
         self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
         self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-        self.logger = RunLogger.from_config(run_dir, config, self.decode)
+        self.logger = RunLogger.from_config(run_dir, config, self.decode, append=bool(resume_from))
         self.weights = weights_root(config, run_dir)
         self.evals: list[dict[str, Any]] = []
+        self.resume_from = resume_from
+        self.checkpoints = RunCheckpoints(
+            run_dir,
+            config.train.checkpoint_every,
+            config.train.keep_checkpoints,
+            self.trainer,
+            self.tokenizer,
+        )
+        self.steps_done = 0
+        self.supervisor: ServerSupervisor | None = None
 
     # ------------------------------------------------------------------ pieces
     async def _publish(self, client: RolloutClient, controller: RolloutController) -> float:
         start = time.perf_counter()
         version = self.trainer.version
         path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
-        await client.pause("abort")
-        try:
-            await client.update_weights(str(path), version=version)
-        finally:
-            await client.continue_generation()
+        await self.supervisor.publish(path, version)
         controller.set_published_version(version)
         for old in self.weights.glob("v*"):
             if old != path:
@@ -166,14 +201,23 @@ class _Job:
         self.evals.append(result)
         return result
 
-    async def _watch(self, controller: RolloutController) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            try:
-                self.launcher.check()
-            except RelayError as exc:
-                controller.fail(exc)
-                return
+    async def _resume(self, client: RolloutClient, controller: RolloutController) -> int:
+        """Restore the checkpoint being resumed (if any) and publish its weights to the
+        servers; returns the number of steps already done."""
+        self.checkpoints.register("controller", controller)
+        if self.resume_from is None:
+            return 0
+        done = self.checkpoints.restore(self.resume_from)
+        versions = (done, self.trainer.version, controller.consumed_version)
+        assert len(set(versions)) == 1, f"checkpoint step, trainer, controller: {versions}"
+        await self._publish(client, controller)
+        ready, running = controller.restored_counts()
+        print(
+            f"resumed from {self.resume_from.path}: {ready} complete groups and {running} "
+            "in-flight prompts restored",
+            flush=True,
+        )
+        return done
 
     def _server_error(self, exc: BaseException) -> RelayError:
         time.sleep(0.5)  # let a dying server's exit status show
@@ -188,6 +232,12 @@ class _Job:
         cfg = self.config
         interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         client = RolloutClient(urls, timeout=3600.0)
+        self.supervisor = ServerSupervisor(
+            self.launcher,
+            client,
+            cfg.rollout.max_server_restarts,
+            cfg.rollout.server_hang_timeout_s,
+        )
         controller = RolloutController(
             self.loader,
             ControllerOptions.from_config(cfg),
@@ -196,24 +246,30 @@ class _Job:
             self.encode,
             self.decode,
         )
+        first = self.steps_done = await self._resume(client, controller)
         controller.start()
-        watch = asyncio.create_task(self._watch(controller))
+        stop = StopSignal(controller.fail)
+        stop.install()
+        watch = asyncio.create_task(self.supervisor.watch(controller.fail))
         dashboard = Dashboard.from_config(cfg)
         start = last = time.perf_counter()
         try:
-            if cfg.train.eval_every:
+            if cfg.train.eval_every and first == 0:
                 self.logger.log_step(
                     {"step": 0, "version": 0, **await self._evaluate(self.test_periodic)}
                 )
-            for step in range(cfg.train.total_steps):
+            for step in range(first, cfg.train.total_steps):
                 metrics = await self._one_step(step, client, controller, interval)
                 now = time.perf_counter()
                 metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
                 gen_tokens = controller.take_generated_tokens()
                 metrics["gen_tokens_per_s"] = gen_tokens / max(now - last, 1e-9)
+                metrics.update(self.supervisor.stats())
                 last = now
                 self.logger.log_step(metrics)
                 dashboard.update(metrics)
+                self.steps_done = step + 1
+                await self.checkpoints.after_step(self.steps_done, cfg.train.total_steps, stop)
             final = None
             if cfg.train.total_steps:
                 final = await self._evaluate(self.test_final)
@@ -225,9 +281,13 @@ class _Job:
                         **final,
                     }
                 )
+        except StopRequested:
+            await self.checkpoints.save_and_stop(self.steps_done)
+            raise
         except (RolloutServerError, OSError) as exc:
             raise self._server_error(exc) from exc
         finally:
+            stop.uninstall()
             watch.cancel()
             await controller.stop()
             await client.close()
@@ -279,12 +339,17 @@ class _Job:
 
 
 def run_train(
-    config: RunConfig, progress: bool | None = None, grader: Grader | None = None
+    config: RunConfig,
+    progress: bool | None = None,
+    grader: Grader | None = None,
+    resume: bool = False,
 ) -> TrainResult:
     """The `relayrl train` job; see the module docstring. Returns the final evaluation.
 
     ``grader(problem, completion) -> reward`` replaces the task's verifier for training
-    rewards (a module-level function: it runs in spawned grading processes).
+    rewards (a module-level function: it runs in spawned grading processes). ``resume``:
+    continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
+    ``relayrl.train.resume.resume_config`` for loading that run's config).
     """
     from relayrl.rewards.pool import GradingPool
     from relayrl.train.sft import prepare_run_dir
@@ -294,9 +359,10 @@ def run_train(
             update={"train": config.train.model_copy(update={"progress": progress})}
         )
     torch.set_num_threads(config.runtime.threads)
-    model_dir = resolve_model_dir(config, config.train.progress)
+    model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
     torch.set_num_threads(config.train.trainer_threads)
     run_dir = prepare_run_dir(config)
+    checkpoint = begin_run(run_dir, config, resume)
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
     check_loggers(config)  # and on a logger whose package is missing
@@ -321,7 +387,7 @@ def run_train(
     job = None
     try:
         urls = launcher.start()
-        job = _Job(config, run_dir, model_dir, launcher, pool)
+        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint)
         result = asyncio.run(job.loop(urls))
     finally:
         launcher.stop()

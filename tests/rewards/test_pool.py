@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import signal
+import time
 
 from relayrl.rewards.pool import GradingPool
 from relayrl.tasks.base import Problem
@@ -44,3 +48,17 @@ def test_default_grader_routes_by_problem() -> None:
         )
     assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0]
     assert results[2].info["method"] == "math_verify"
+
+
+def test_worker_killed_while_idle_is_replaced_without_costing_the_next_item() -> None:
+    with GradingPool(workers=1, timeout_s=5.0, grader=behave) as pool:
+        assert pool.grade_batch([(P, "42")])[0].status == "ok"
+        (worker,) = multiprocessing.active_children()
+        os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result = pool.grade_batch([(P, "42")])[0]
+        assert (result.reward, result.status) == (1.0, "ok")
+        stats = pool.stats()
+    assert stats["restarts"] == 1 and stats["crash"] == 0 and stats["ok"] == 2

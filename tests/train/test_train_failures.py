@@ -60,8 +60,13 @@ def test_dataset_row_missing_field_names_file_and_line(tmp_path, tiny_model_dir)
 
 
 def test_dying_rollout_server_stops_the_run_naming_it(tmp_path, tiny_model_dir):
+    """With no restarts allowed (tests/launch covers restarts), a dead server ends the run."""
     config = rl_config(
-        tmp_path, tiny_model_dir, "rollout.server_mode=process", "train.total_steps=10000"
+        tmp_path,
+        tiny_model_dir,
+        "rollout.server_mode=process",
+        "train.total_steps=10000",
+        "rollout.max_server_restarts=0",
     )
     killed: list[int] = []
 
@@ -82,6 +87,7 @@ def test_dying_rollout_server_stops_the_run_naming_it(tmp_path, tiny_model_dir):
     assert killed, "the server was never seen"
     message = str(err.value)
     assert "rollout server 0" in message and str(killed[0]) in message, message
+    assert "rollout.max_server_restarts=0" in message, message
     assert time.monotonic() - start < 120
 
 

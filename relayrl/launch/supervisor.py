@@ -1,0 +1,188 @@
+"""Keep a run's rollout servers alive: notice a dead or hung server, restart it with the
+latest published weights, and let the client resubmit the requests it lost.
+
+Owns: :class:`ServerSupervisor`. It serialises everything that changes which weights the
+servers hold — publication (pause, load, continue) and restarts — behind one asyncio lock,
+so a restarted server always loads the newest published version and never misses one.
+
+How failures are noticed:
+
+* **connection errors**: :meth:`recover` is the :class:`RolloutClient`'s ``recover``
+  callback; a request that cannot reach its server awaits it and is resubmitted to the URL
+  it returns;
+* **exit**: :meth:`watch` polls the server processes;
+* **hang**: :meth:`watch` also probes ``GET /health``; a live process that has not answered for
+  ``rollout.server_hang_timeout_s`` is killed and restarted (its connections then break and
+  its requests fail over).
+
+A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
+load the latest published weights with their version, reroute the client. Restarts are
+counted over the run; one more failure than ``rollout.max_server_restarts`` stops the run with
+a RelayError naming the server, its exit status, the limit and the log.
+
+Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.errors import RelayError
+from relayrl.launch.servers import ServerLauncher, healthy
+
+WATCH_INTERVAL_S = 0.5
+HEALTH_EVERY_S = 2.0
+HEALTH_TIMEOUT_S = 5.0
+
+
+class ServerSupervisor:
+    """Restarts the launcher's servers for ``client``; see the module docstring."""
+
+    def __init__(
+        self,
+        launcher: ServerLauncher,
+        client: RolloutClient,
+        max_restarts: int,
+        hang_timeout_s: float = 60.0,
+    ) -> None:
+        self.launcher = launcher
+        self.client = client
+        self.max_restarts = max_restarts
+        self.hang_timeout_s = hang_timeout_s
+        # probe at least twice within the hang timeout, each probe bounded by it
+        self.probe_every_s = min(HEALTH_EVERY_S, hang_timeout_s / 2)
+        self.probe_timeout_s = min(HEALTH_TIMEOUT_S, hang_timeout_s / 2)
+        self.restarts = 0
+        self.failovers = 0
+        self.latest: tuple[Path, int] | None = None  # newest published weights, version
+        self._lock = asyncio.Lock()
+        self._moved: dict[str, str] = {}  # old URL -> the URL of its replacement
+        client.recover = self.recover
+
+    def stats(self) -> dict[str, float]:
+        return {"server_restarts": float(self.restarts), "server_failovers": float(self.failovers)}
+
+    # ------------------------------------------------------------------ weights
+    async def publish(self, path: Path, version: int) -> None:
+        """Pause every server, load ``path`` as ``version``, continue. A server found
+        unreachable on the way is restarted (with these weights) and the publication
+        repeated; other errors propagate."""
+        async with self._lock:
+            self.latest = (Path(path), version)
+            while True:
+                try:
+                    await self.client.pause("abort")
+                    try:
+                        await self.client.update_weights(str(path), version=version)
+                    finally:
+                        await self.client.continue_generation()
+                    return
+                except RolloutServerError as exc:
+                    if not exc.unreachable:
+                        raise
+                    await self._recover_locked(exc.url, "stopped answering during a publication")
+
+    # ------------------------------------------------------------------ recovery
+    async def recover(self, url: str) -> str:
+        """The client's failover callback: where requests for ``url`` should go now."""
+        async with self._lock:
+            self.failovers += 1
+            return await self._recover_locked(url, "could not be reached")
+
+    def _current(self, url: str) -> str:
+        while url in self._moved:
+            url = self._moved[url]
+        return url
+
+    async def _recover_locked(self, url: str, what: str) -> str:
+        current = self._current(url)
+        if current != url:
+            return current  # already restarted by someone else
+        i = self.launcher.index_of(url)
+        code = self.launcher.exit_code(i)
+        if code is None and await asyncio.to_thread(healthy, url, self.probe_timeout_s):
+            return url  # a transient error: the caller retries the same server
+        reason = f"exited with code {code}" if code is not None else what
+        return await self._restart(i, reason)
+
+    async def _restart(self, i: int, reason: str) -> str:
+        """Replace server ``i``; a replacement that fails to come up counts as a restart
+        too and is replaced in turn, up to the limit."""
+        old = self.launcher.urls[i]
+        while True:
+            if self.restarts >= self.max_restarts:
+                raise RelayError(
+                    self.launcher.describe(
+                        i,
+                        reason,
+                        f"it was the limit of rollout.max_server_restarts={self.max_restarts} "
+                        f"restarts ({self.restarts} done); the run cannot continue",
+                    )
+                )
+            self.restarts += 1
+            note = f"restarting it ({self.restarts}/{self.max_restarts})"
+            print(self.launcher.describe(i, reason, note), file=sys.stderr, flush=True)
+            try:
+                new = await self._start_replacement(i)
+            except (RelayError, RolloutServerError, OSError) as exc:
+                reason = f"could not be restarted ({exc})"
+                continue
+            self.client.replace_url(old, new)
+            self._moved[old] = new
+            return new
+
+    async def _start_replacement(self, i: int) -> str:
+        """A fresh server ``i``, healthy and holding the latest published weights."""
+        new = self.launcher.respawn(i)
+        await asyncio.to_thread(self.launcher.wait_healthy, [i])
+        if self.latest is not None:
+            path, version = self.latest
+            await self.client.update_weights(str(path), version=version, urls=[new])
+        return new
+
+    # ------------------------------------------------------------------ watchdog
+    async def watch(self, on_fatal: Callable[[BaseException], None]) -> None:
+        """Restart exited or hung servers until cancelled; ``on_fatal(RelayError)`` when a
+        server cannot be restarted any more."""
+        failing_since: dict[int, float] = {}
+        next_probe = time.monotonic() + self.probe_every_s
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if self._lock.locked():
+                continue  # a publication or restart is under way
+            probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
+            if probe:
+                next_probe = time.monotonic() + self.probe_every_s
+            try:
+                for i, url in enumerate(list(self.launcher.urls)):
+                    reason = await self._failure(i, probe, failing_since)
+                    if reason is None:
+                        continue
+                    failing_since.pop(i, None)
+                    async with self._lock:
+                        if self.launcher.urls[i] == url:  # not restarted meanwhile
+                            await self._restart(i, reason)
+            except Exception as exc:  # noqa: BLE001 - the run must hear of any watchdog failure
+                on_fatal(exc if isinstance(exc, RelayError) else RelayError(f"watchdog: {exc!r}"))
+                return
+
+    async def _failure(self, i: int, probe: bool, failing_since: dict[int, float]) -> str | None:
+        """Why server ``i`` must be restarted now, or None."""
+        code = self.launcher.exit_code(i)
+        if code is not None:
+            return f"exited with code {code}"
+        if not probe:
+            return None
+        asked = time.monotonic()
+        if await asyncio.to_thread(healthy, self.launcher.urls[i], self.probe_timeout_s):
+            failing_since.pop(i, None)
+            return None
+        since = failing_since.setdefault(i, asked)
+        if time.monotonic() - since >= self.hang_timeout_s:
+            return f"did not answer /health for {self.hang_timeout_s:.0f}s (hung)"
+        return None
