@@ -70,6 +70,8 @@ def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, in
         f"train.total_steps={steps}",
         "train.save_final=false",
         "train.progress=false",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
         "eval.num_problems=1",
         "eval.max_new_tokens=8",
     ]

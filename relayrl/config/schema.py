@@ -46,7 +46,7 @@ class ModelConfig(Section):
 class SFTConfig(Section):
     """The SFT warm start (`relayrl sft`)."""
 
-    steps: int = Field(800, gt=0, description="optimizer steps")
+    steps: int = Field(1200, gt=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="sequences per step")
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
@@ -86,9 +86,9 @@ class RuntimeConfig(Section):
 class RolloutConfig(Section):
     n_samples: int = Field(8, gt=0, description="completions per prompt (one group)")
     prompts_per_step: int = Field(
-        8, gt=0, description="B: groups (prompts) per training step; a step trains B·n samples"
+        16, gt=0, description="B: groups (prompts) per training step; a step trains B·n samples"
     )
-    max_new_tokens: int = Field(96, gt=0, description="generation budget per completion")
+    max_new_tokens: int = Field(80, gt=0, description="generation budget per completion")
     temperature: float = Field(
         1.0, gt=0, description="sampling temperature; the trainer uses the same T for logprobs"
     )
@@ -168,7 +168,7 @@ class AlgoConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
+    lr: float = Field(3e-4, gt=0, description="peak learning rate (AdamW)")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(2, ge=0, description="linear warm-up steps")
@@ -182,11 +182,11 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
-    total_steps: int = Field(40, gt=0, description="optimizer steps (trainer versions)")
+    total_steps: int = Field(80, gt=0, description="optimizer steps (trainer versions)")
     publish_every: int = Field(
         1, gt=0, description="publish weights to the servers every k steps (capped at η + 1)"
     )
-    eval_every: int = Field(0, ge=0, description="held-out pass@1 every N steps (0 = end only)")
+    eval_every: int = Field(10, ge=0, description="held-out pass@1 every N steps (0 = end only)")
     eval_problems: int = Field(
         200, gt=0, description="held-out problems per evaluation (eval.* sets the sampling)"
     )

@@ -36,8 +36,8 @@ def _label(index: int) -> str:
 @dataclass
 class ArithmeticTask(SyntheticTask):
     min_steps: int = 2
-    max_steps: int = 10
-    tail: float = 0.6
+    max_steps: int = 6
+    tail: float = 0.5
     max_operand: int = 5
     max_value: int = 30
     test_fraction: float = 0.1

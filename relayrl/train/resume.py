@@ -145,18 +145,15 @@ class RunCheckpoints:
 
 
 def trainer_state(trainer: Any) -> dict[str, Any]:
-    """Optimizer, scheduler and version (the weights go to the model directory)."""
-    return {
-        "optimizer": trainer.optimizer.state_dict(),
-        "scheduler": trainer.scheduler.state_dict(),
-        "version": trainer.version,
-    }
+    """The trainer's state (optimizer, scheduler, version and, with D-ARL, the replay buffer
+    and policy snapshots) without the weights, which go to the model directory."""
+    state = trainer.state_dict()
+    state.pop("model")
+    return state
 
 
 def load_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    trainer.version = int(state["version"])
+    trainer.load_state_dict({**state, "model": trainer.model.state_dict()})
 
 
 # --------------------------------------------------------------------------- run start

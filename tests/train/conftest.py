@@ -17,6 +17,9 @@ def parity_grader(problem, completion: str) -> float:
     return float(len(completion) % 2 == 0)
 
 
+QUICK_TASK = "{max_steps: 3, max_value: 9, max_operand: 3}"
+
+
 def rl_config(tmp_path: Path, model_dir: Path | str, *overrides: str):
     """A tiny, fast RL run config writing under ``tmp_path``."""
     base = [
@@ -30,6 +33,7 @@ def rl_config(tmp_path: Path, model_dir: Path | str, *overrides: str):
         "rollout.server_mode=thread",
         "algo.dynamic_sampling=false",
         "train.total_steps=3",
+        "train.eval_every=0",
         "train.progress=false",
         "train.save_final=true",
         "eval.num_problems=4",
@@ -42,7 +46,9 @@ def rl_config(tmp_path: Path, model_dir: Path | str, *overrides: str):
 
 @pytest.fixture(scope="session")
 def sft_model_dir(tmp_path_factory) -> Path:
-    """A quick SFT warm start of the tiny model on short arithmetic chains."""
+    """A quick SFT warm start of the tiny model on short single-digit chains: competent
+    at the lookups, but half its demonstrations carry one planted wrong step (the default
+    ``sft.wrong_fraction``), which RL has to unlearn."""
     from relayrl.train.sft import run_sft
 
     out = tmp_path_factory.mktemp("sft")
@@ -53,12 +59,11 @@ def sft_model_dir(tmp_path_factory) -> Path:
             "name=sft",
             "model.preset=tiny",
             "model.max_context=128",
-            "task.train_size=2000",
-            "task.test_size=100",
-            "task.params={max_steps: 2, max_value: 30, max_operand: 5}",
-            "sft.steps=400",
+            "task.train_size=1000",
+            f"task.params={QUICK_TASK}",
+            "sft.steps=300",
             "sft.batch_size=32",
-            "eval.num_problems=100",
+            "eval.num_problems=50",
             "eval.max_new_tokens=32",
             "runtime.threads=1",
         ],

@@ -86,6 +86,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, tiny_model
         "algo.dynamic_sampling=false",
         f"train.total_steps={STEPS}",
         "train.checkpoint_every=1",
+        "train.eval_every=0",
         "train.keep_checkpoints=2",
         "train.progress=false",
         "train.save_final=false",
