@@ -17,7 +17,7 @@ def parity_grader(problem, completion: str) -> float:
     return float(len(completion) % 2 == 0)
 
 
-QUICK_TASK = "{max_steps: 3, max_value: 9, max_operand: 3}"
+QUICK_TASK = "{max_steps: 3, max_value: 9, max_operand: 5}"
 
 
 def rl_config(tmp_path: Path, model_dir: Path | str, *overrides: str):
@@ -61,7 +61,7 @@ def sft_model_dir(tmp_path_factory) -> Path:
             "model.max_context=128",
             "task.train_size=1000",
             f"task.params={QUICK_TASK}",
-            "sft.steps=300",
+            "sft.steps=600",
             "sft.batch_size=32",
             "eval.num_problems=50",
             "eval.max_new_tokens=32",

@@ -29,7 +29,7 @@ def test_short_async_run_beats_the_sft_base(tmp_path, sft_model_dir):
             "rollout.max_new_tokens=40",
             "rollout.eta=2",
             "optim.lr=1e-3",
-            "train.total_steps=20",
+            "train.total_steps=30",
             "train.eval_every=0",
             "train.checkpoint_every=0",
             "train.save_final=false",
