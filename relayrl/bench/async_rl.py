@@ -23,6 +23,7 @@ from typing import Any
 
 HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
 
+OWN_MODEL_CONTEXT = 160
 ASYNC_THREADS = {"server": 1, "trainer": 1}
 
 
@@ -52,15 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> list[str]:
-    steps = args.steps or (6 if args.quick else 12)
+    """The demo's embedded config (B, n, token budget, optimizer, decoupled PPO) at ``eta``;
+    ``--quick`` halves B and the token budget. Evaluation and checkpoints are off: only the
+    training loop is timed."""
+    steps = args.steps or (6 if args.quick else 20)
+    quick = ["rollout.prompts_per_step=8", "rollout.max_new_tokens=48"] if args.quick else []
+    own_model = [] if args.model else [f"model.max_context={OWN_MODEL_CONTEXT}"]
     return [
         f"output_dir={out}",
         f"name=eta{eta}",
         f"model.path={model_dir}",
-        "model.max_context=160",
-        "rollout.prompts_per_step=8",
-        "rollout.n_samples=8",
-        "rollout.max_new_tokens=48" if args.quick else "rollout.max_new_tokens=96",
+        *own_model,
+        *quick,
         f"rollout.eta={eta}",
         f"rollout.server_threads={threads['server']}",
         f"train.trainer_threads={threads['trainer']}",
@@ -120,7 +124,11 @@ def _model_dir(args, out: Path) -> Path:
     preset = args.preset or ("tiny" if args.quick else "small")
     model_dir = out / f"{preset}_model"
     create_model_dir(
-        model_dir, make_task("arithmetic"), preset, seed=0, max_position_embeddings=160
+        model_dir,
+        make_task("arithmetic"),
+        preset,
+        seed=0,
+        max_position_embeddings=OWN_MODEL_CONTEXT,
     )
     return model_dir
 

@@ -20,8 +20,8 @@ from relayrl.report.logs import RunLogs, load_run
 # D-ARL metrics, charted by key prefix whatever versions they name: the replay buffer's
 # kept fraction and size per behaviour version (relayrl.algo.darl logs select/kept_frac/v<k>,
 # relayrl.buffer.replay buffer/count/v<k>) and the multi-behaviour weights α_k.
-REPLAY_PREFIXES = ("replay_", "replay/", "select/kept_frac", "buffer/")
-ALPHA_PREFIXES = ("darl_alpha", "alpha_", "mbpo/alpha")
+REPLAY_PREFIXES = ("replay_kept_fraction", "replay_count")  # train/replay_step.py's keys
+ALPHA_PREFIXES = ("darl_alpha",)
 MAX_LEGEND = 12  # legend entries of a chart (a run may log one series per version)
 TIME_SPLIT = [
     ("time_wait_s", "waiting for data"),

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.algo.darl import BehaviourPlan, SelectionResult, VersionSelection
 from relayrl.cli import main
 from relayrl.errors import RelayError
 from relayrl.report.build import (
@@ -80,22 +79,15 @@ def test_report_without_text_says_so(short_run, tmp_path):
 
 
 def darl_metrics(step: int) -> dict[str, float]:
-    """The D-ARL metrics of one step, named as relayrl.algo.darl logs them (absolute
-    versions step-2 … step) plus a replay_* key of another naming style."""
-    versions = range(max(0, step - 2), step + 1)
-    selection = SelectionResult(
-        keep=[],
-        reference_version=step,
-        cutoff=0.5,
-        per_version={v: VersionSelection(4, 4 - (step - v), 0.1) for v in versions},
-    )
-    plan = BehaviourPlan(
-        alphas={v: 1 / len(versions) for v in versions},
-        ess={v: 10.0 for v in versions},
-        token_counts={v: 64 for v in versions},
-        coef_by_version={},
-    )
-    return {**selection.log_stats(), **plan.log_stats(), "replay_buffer_size": 40.0 + step}
+    """The D-ARL metrics of one step, named as relayrl.train.replay_step logs them: keyed by
+    lag (trainer version − behaviour version), lags 0 … 2."""
+    row = {"replay_buffer_size": 40.0 + step, "replay_replayed": 8.0}
+    for lag in range(3):
+        row[f"replay_kept_fraction_v{lag}"] = 1.0 - 0.2 * lag
+        row[f"replay_count_v{lag}"] = 16.0 - 4 * lag
+        row[f"darl_ess_v{lag}"] = 10.0
+        row[f"darl_alpha_v{lag}"] = 1 / 3
+    return row
 
 
 def test_report_draws_darl_metrics_by_prefix(short_run, tmp_path):
@@ -114,14 +106,9 @@ def test_report_draws_darl_metrics_by_prefix(short_run, tmp_path):
     for name in DARL_CHARTS:
         assert report.charts[name].read_bytes()[:8] == PNG_MAGIC
         assert f"alt='{name}'" in text
-    assert prefixed_keys(load_run(run), REPLAY_PREFIXES) == [
-        "replay_buffer_size",
-        "select/kept_frac/v0",
-        "select/kept_frac/v1",
-        "select/kept_frac/v2",
-        "select/kept_frac/v3",
-    ]
-    assert prefixed_keys(load_run(run), ALPHA_PREFIXES) == [f"mbpo/alpha/v{v}" for v in range(4)]
+    replay_keys = prefixed_keys(load_run(run), REPLAY_PREFIXES)
+    assert {f"replay_kept_fraction_v{lag}" for lag in range(3)} <= set(replay_keys)
+    assert prefixed_keys(load_run(run), ALPHA_PREFIXES) == [f"darl_alpha_v{v}" for v in range(3)]
 
 
 def test_report_with_missing_optional_metrics_still_builds(short_run, tmp_path):
