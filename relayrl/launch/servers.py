@@ -6,8 +6,15 @@ thread count, its output in ``<run>/server-<i>.log``, and (on Linux) a parent-de
 a killed trainer never leaves servers behind. ``mode="thread"`` runs the same HTTP server in
 this process (tests). :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a
 server that died; :meth:`respawn` replaces one server by a fresh process on a new port (the
-policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`stop` terminates every
-child (SIGTERM, then SIGKILL).
+policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a hung
+server); :meth:`stop` terminates every child (SIGTERM and SIGCONT, then SIGKILL).
+
+Parent death: Linux delivers ``PR_SET_PDEATHSIG`` when the *thread* that forked the child
+exits, not the process. Every server is therefore forked by one dedicated spawner thread that
+lives until :meth:`stop`, whichever thread calls :meth:`start` or :meth:`respawn` (an
+``asyncio.to_thread`` worker that exits soon after, say), and the child sets the signal itself
+right after exec (:func:`serve_child`), so no Python code runs between fork and exec in a
+process full of threads (``preexec_fn`` is not fork-safe there).
 
 Imports: the engine's server module (thread mode only), the standard library otherwise.
 """
@@ -21,15 +28,21 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relayrl.errors import RelayError
 
-SERVE_SNIPPET = "import sys; from relayrl.cli import main; sys.exit(main(sys.argv[1:]))"
+SERVE_SNIPPET = (
+    "import sys; from relayrl.launch.servers import serve_child; serve_child(sys.argv[1:])"
+)
+PARENT_ENV = "RELAYRL_SERVER_PARENT_PID"
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -38,10 +51,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent(parent: int) -> None:
+    """In a server process: get SIGTERM when the launcher's spawner thread (its parent) dies;
+    exit now if process ``parent`` is already gone (it died before the signal was set)."""
+    if not sys.platform.startswith("linux") or not parent:
+        return
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit(f"relayrl serve: the launching process {parent} is gone")
+
+
+def serve_child(argv: list[str]) -> None:
+    """Entry point of a server process (:data:`SERVE_SNIPPET`): ``relayrl <argv>``."""
+    die_with_parent(int(os.environ.pop(PARENT_ENV, "0") or 0))
+    from relayrl.cli import main
+
+    sys.exit(main(argv))
 
 
 def healthy(url: str, timeout: float = 1.0) -> bool:
@@ -76,6 +102,8 @@ class ServerLauncher:
     _procs: list[subprocess.Popen] = field(default_factory=list)
     _logs: list[Path] = field(default_factory=list)
     _threads: list[Any] = field(default_factory=list)
+    _spawner: ThreadPoolExecutor | None = None
+    _spawner_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __enter__(self) -> ServerLauncher:
         self.start()
@@ -115,10 +143,19 @@ class ServerLauncher:
         self.urls.append(url)
 
     def _spawn(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
+        """Start server ``i`` from the spawner thread (see the module docstring)."""
+        with self._spawner_lock:
+            if self._spawner is None:
+                self._spawner = ThreadPoolExecutor(1, thread_name_prefix="relayrl-server-spawner")
+            spawner = self._spawner
+        return spawner.submit(self._popen, i, log_mode).result()
+
+    def _popen(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
         port = free_port()
         log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.spec.threads))
+        env[PARENT_ENV] = str(os.getpid())
         with open(log, log_mode) as out:
             if log_mode == "a":
                 out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
@@ -129,7 +166,6 @@ class ServerLauncher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         return proc, log, f"http://127.0.0.1:{port}"
 
@@ -180,11 +216,22 @@ class ServerLauncher:
         """Server ``i``'s exit status, or None while it runs (thread servers: always None)."""
         return self._procs[i].poll() if self.is_process_mode else None
 
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i`` (a hung one; a stopped process dies too) and reap it, so its
+        connections break at once and :meth:`exit_code` reports it."""
+        if not self.is_process_mode:
+            return
+        proc = self._procs[i]
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
     def respawn(self, i: int) -> str:
         """Replace server ``i`` (killed first if still running) by a fresh process on a new
         port, its output appended to the same log; returns its URL, not yet healthy (see
-        :meth:`wait_healthy`). Call it from the thread that started the servers: the
-        parent-death signal follows the thread that forked."""
+        :meth:`wait_healthy`). Safe from any thread: the spawner thread forks it."""
         if not self.is_process_mode:
             server, engine = self._threads[i]
             server.stop()
@@ -194,11 +241,7 @@ class ServerLauncher:
             self._threads.insert(i, self._threads.pop())
             self.urls[i] = self.urls.pop()
             return self.urls[i]
-        old = self._procs[i]
-        if old.poll() is None:
-            with contextlib.suppress(OSError):
-                old.kill()
-            old.wait(timeout=10)
+        self.kill(i)
         self._procs[i], self._logs[i], self.urls[i] = self._spawn(i, "a")
         return self.urls[i]
 
@@ -238,6 +281,7 @@ class ServerLauncher:
             if proc.poll() is None:
                 with contextlib.suppress(OSError):
                     proc.terminate()
+                    proc.send_signal(signal.SIGCONT)  # a stopped (hung) server exits too
         deadline = time.monotonic() + 10
         for proc in self._procs:
             try:
@@ -247,6 +291,10 @@ class ServerLauncher:
                     proc.kill()
                 proc.wait(timeout=5)
         self._procs.clear()
+        with self._spawner_lock:
+            spawner, self._spawner = self._spawner, None
+        if spawner is not None:  # after the children are gone: its exit is their parent death
+            spawner.shutdown(wait=True)
         for server, engine in self._threads:
             server.stop()
             engine.shutdown()

@@ -15,6 +15,11 @@ How failures are noticed:
   ``rollout.server_hang_timeout_s`` is killed and restarted (its connections then break and
   its requests fail over).
 
+The watchdog never waits for the lock to look: a server that hangs while a publication holds
+the lock (the publication waiting on that very server) is still found and killed, which ends
+the publication's wait with a connection error; the publication then restarts the server
+itself. Only a server being started (between spawn and healthy) is left alone.
+
 A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
 load the latest published weights with their version, reroute the client. Restarts are
 counted over the run; one more failure than ``rollout.max_server_restarts`` stops the run with
@@ -62,6 +67,8 @@ class ServerSupervisor:
         self.latest: tuple[Path, int] | None = None  # newest published weights, version
         self._lock = asyncio.Lock()
         self._moved: dict[str, str] = {}  # old URL -> the URL of its replacement
+        self._starting: set[int] = set()  # servers spawned but not yet healthy
+        self._killed: dict[str, str] = {}  # URL killed by the watchdog -> why
         client.recover = self.recover
 
     def stats(self) -> dict[str, float]:
@@ -107,7 +114,9 @@ class ServerSupervisor:
         code = self.launcher.exit_code(i)
         if code is None and await asyncio.to_thread(healthy, url, self.probe_timeout_s):
             return url  # a transient error: the caller retries the same server
-        reason = f"exited with code {code}" if code is not None else what
+        reason = self._killed.pop(url, None)
+        if reason is None:
+            reason = f"exited with code {code}" if code is not None else what
         return await self._restart(i, reason)
 
     async def _restart(self, i: int, reason: str) -> str:
@@ -138,8 +147,12 @@ class ServerSupervisor:
 
     async def _start_replacement(self, i: int) -> str:
         """A fresh server ``i``, healthy and holding the latest published weights."""
-        new = self.launcher.respawn(i)
-        await asyncio.to_thread(self.launcher.wait_healthy, [i])
+        self._starting.add(i)
+        try:
+            new = self.launcher.respawn(i)
+            await asyncio.to_thread(self.launcher.wait_healthy, [i])
+        finally:
+            self._starting.discard(i)
         if self.latest is not None:
             path, version = self.latest
             await self.client.update_weights(str(path), version=version, urls=[new])
@@ -148,41 +161,65 @@ class ServerSupervisor:
     # ------------------------------------------------------------------ watchdog
     async def watch(self, on_fatal: Callable[[BaseException], None]) -> None:
         """Restart exited or hung servers until cancelled; ``on_fatal(RelayError)`` when a
-        server cannot be restarted any more."""
-        failing_since: dict[int, float] = {}
+        server cannot be restarted any more. Looking never waits for the lock (see the module
+        docstring); each restart runs in a task of its own that takes it."""
+        failing_since: dict[str, float] = {}  # URL -> when /health first went unanswered
+        restarts: dict[str, asyncio.Task] = {}  # URL -> the task restarting it
         next_probe = time.monotonic() + self.probe_every_s
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            if self._lock.locked():
-                continue  # a publication or restart is under way
-            probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
-            if probe:
-                next_probe = time.monotonic() + self.probe_every_s
-            try:
+        try:
+            while True:
+                await asyncio.sleep(WATCH_INTERVAL_S)
+                probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
+                if probe:
+                    next_probe = time.monotonic() + self.probe_every_s
+                for url, task in list(restarts.items()):
+                    if task.done():
+                        del restarts[url]
+                        if not task.cancelled() and task.exception() is not None:
+                            exc = task.exception()
+                            fatal = exc if isinstance(exc, RelayError) else None
+                            on_fatal(fatal or RelayError(f"watchdog: {exc!r}"))
+                            return
                 for i, url in enumerate(list(self.launcher.urls)):
-                    reason = await self._failure(i, probe, failing_since)
-                    if reason is None:
+                    if i in self._starting or url in restarts:
                         continue
-                    failing_since.pop(i, None)
-                    async with self._lock:
-                        if self.launcher.urls[i] == url:  # not restarted meanwhile
-                            await self._restart(i, reason)
-            except Exception as exc:  # noqa: BLE001 - the run must hear of any watchdog failure
-                on_fatal(exc if isinstance(exc, RelayError) else RelayError(f"watchdog: {exc!r}"))
-                return
+                    reason = await self._failure(i, url, probe, failing_since)
+                    if reason is None or self.launcher.urls[i] != url:
+                        continue
+                    failing_since.pop(url, None)
+                    if self.launcher.exit_code(i) is None:  # hung: kill it now, lock or not
+                        self._killed[url] = reason
+                        self.launcher.kill(i)
+                    restarts[url] = asyncio.create_task(self._restart_if_current(i, url, reason))
+        except Exception as exc:  # noqa: BLE001 - the run must hear of any watchdog failure
+            on_fatal(exc if isinstance(exc, RelayError) else RelayError(f"watchdog: {exc!r}"))
+        finally:
+            for task in restarts.values():
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: the run is ending anyway
+                task.cancel()
 
-    async def _failure(self, i: int, probe: bool, failing_since: dict[int, float]) -> str | None:
-        """Why server ``i`` must be restarted now, or None."""
+    async def _restart_if_current(self, i: int, url: str, reason: str) -> None:
+        """Restart server ``i`` unless someone already replaced ``url`` meanwhile."""
+        async with self._lock:
+            if self.launcher.urls[i] == url:
+                self._killed.pop(url, None)
+                await self._restart(i, reason)
+
+    async def _failure(
+        self, i: int, url: str, probe: bool, failing_since: dict[str, float]
+    ) -> str | None:
+        """Why server ``i`` (at ``url``) must be restarted now, or None."""
         code = self.launcher.exit_code(i)
         if code is not None:
-            return f"exited with code {code}"
+            return self._killed.get(url) or f"exited with code {code}"
         if not probe:
             return None
         asked = time.monotonic()
-        if await asyncio.to_thread(healthy, self.launcher.urls[i], self.probe_timeout_s):
-            failing_since.pop(i, None)
+        if await asyncio.to_thread(healthy, url, self.probe_timeout_s):
+            failing_since.pop(url, None)
             return None
-        since = failing_since.setdefault(i, asked)
+        since = failing_since.setdefault(url, asked)
         if time.monotonic() - since >= self.hang_timeout_s:
-            return f"did not answer /health for {self.hang_timeout_s:.0f}s (hung)"
+            return f"did not answer /health for {self.hang_timeout_s:g}s (hung; killed)"
         return None

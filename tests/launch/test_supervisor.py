@@ -1,11 +1,15 @@
 """ServerSupervisor policy against a fake launcher and client: one restart however many
 requests notice the failure, the latest weights go to the replacement, a replacement that
 fails to start is retried within the limit, publication survives a dead server, and the
-limit ends the run with a message naming the server and the setting."""
+limit ends the run with a message naming the server and the setting. Hangs: a hung server is
+killed and restarted, also while a publication is blocked on it (the watchdog must not wait
+for the lock the publication holds), and a server still starting up is never taken for hung.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -21,7 +25,11 @@ class FakeLauncher:
     def __init__(self, n: int) -> None:
         self.urls = [f"http://s{i}" for i in range(n)]
         self.dead: set[str] = set()
+        self.hung: set[str] = set()  # alive, but answer nothing (SIGSTOP)
+        self.killed: list[str] = []
         self.fail_starts = 0  # replacements that will not come up
+        self.start_s = 0.0  # how long a replacement takes to become healthy
+        self.starting: set[str] = set()
         self.spawned = 0
 
     def index_of(self, url: str) -> int:
@@ -30,12 +38,23 @@ class FakeLauncher:
     def exit_code(self, i: int) -> int | None:
         return -9 if self.urls[i] in self.dead else None
 
+    def kill(self, i: int) -> None:
+        self.killed.append(self.urls[i])
+        self.hung.discard(self.urls[i])
+        self.dead.add(self.urls[i])
+
     def respawn(self, i: int) -> str:
         self.spawned += 1
         self.urls[i] = f"http://s{i}-r{self.spawned}"
+        self.starting.add(self.urls[i])
         return self.urls[i]
 
+    def answers(self, url: str) -> bool:
+        return not {url} & (self.dead | self.hung | self.starting)
+
     def wait_healthy(self, indices: list[int]) -> None:
+        time.sleep(self.start_s)
+        self.starting.discard(self.urls[indices[0]])
         if self.fail_starts:
             self.fail_starts -= 1
             raise RelayError(f"rollout server {indices[0]} did not become healthy")
@@ -51,20 +70,24 @@ class FakeClient:
         self.loaded: list[tuple[str, str, int]] = []
         self.replaced: list[tuple[str, str]] = []
 
-    def _check(self, urls: list[str]) -> None:
+    async def _check(self, urls: list[str]) -> None:
+        """A hung server's request waits until it is killed (no client timeout would end it
+        soon: the real one is an hour); a dead one's fails as unreachable."""
         for url in urls:
+            while url in self.launcher.hung:
+                await asyncio.sleep(0.01)
             if url in self.launcher.dead:
                 raise RolloutServerError(url, "unreachable after 4 attempts")
 
     async def pause(self, mode: str) -> None:
-        self._check(self.launcher.urls)
+        await self._check(list(self.launcher.urls))
 
     async def continue_generation(self) -> None:
-        self._check(self.launcher.urls)
+        await self._check(list(self.launcher.urls))
 
     async def update_weights(self, path: str, version: int, urls: list[str] | None = None):
-        for url in urls or self.launcher.urls:
-            self._check([url])
+        for url in urls or list(self.launcher.urls):
+            await self._check([url])
             self.loaded.append((url, path, version))
 
     def replace_url(self, old: str, new: str) -> None:
@@ -151,3 +174,72 @@ def test_watch_restarts_an_exited_server_and_reports_the_limit(monkeypatch):
     asyncio.run(main())
     assert client.replaced == [("http://s1", "http://s1-r1")]
     assert len(fatal) == 1 and "max_server_restarts=1" in str(fatal[0])
+
+
+def make_watched(monkeypatch, n: int = 2, max_restarts: int = 3):
+    """A supervisor with a 0.2 s hang timeout whose health probe asks the fake launcher."""
+    monkeypatch.setattr(sup, "WATCH_INTERVAL_S", 0.01)
+    launcher = FakeLauncher(n)
+    client = FakeClient(launcher)
+    monkeypatch.setattr(sup, "healthy", lambda url, timeout: launcher.answers(url))
+    return launcher, client, ServerSupervisor(launcher, client, max_restarts, hang_timeout_s=0.2)
+
+
+def test_watch_kills_and_restarts_a_hung_server(monkeypatch, capsys):
+    launcher, client, s = make_watched(monkeypatch)
+    fatal: list[BaseException] = []
+
+    async def main():
+        task = asyncio.create_task(s.watch(fatal.append))
+        launcher.hung.add("http://s1")
+        while s.restarts < 1 or "http://s1" in client.launcher.urls:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # nothing more happens
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert not fatal and s.restarts == 1 and launcher.killed == ["http://s1"]
+    assert client.replaced == [("http://s1", "http://s1-r1")]
+    assert "did not answer /health for 0.2s (hung; killed)" in capsys.readouterr().err
+
+
+def test_server_hung_during_a_publication_is_killed_and_the_publication_completes(
+    monkeypatch, capsys
+):
+    """The publication holds the lock while it waits for the hung server; the watchdog
+    still finds the hang and kills the server, and the publication restarts it (a watchdog
+    that waited for the lock left the run waiting on the hung server for the client's
+    one-hour timeout)."""
+    launcher, client, s = make_watched(monkeypatch)
+    fatal: list[BaseException] = []
+
+    async def main():
+        task = asyncio.create_task(s.watch(fatal.append))
+        launcher.hung.add("http://s0")
+        await asyncio.wait_for(s.publish("/w/v2", 2), 10)
+        await asyncio.sleep(0.3)  # the watchdog's own restart task finds it done
+        task.cancel()
+
+    asyncio.run(main())
+    assert not fatal and s.restarts == 1 and launcher.killed == ["http://s0"]
+    assert ("http://s0-r1", "/w/v2", 2) in client.loaded
+    assert ("http://s1", "/w/v2", 2) in client.loaded
+    assert "(hung; killed); restarting it (1/3)" in capsys.readouterr().err
+
+
+def test_a_replacement_still_starting_is_not_taken_for_hung(monkeypatch):
+    launcher, client, s = make_watched(monkeypatch)
+    launcher.start_s = 1.0  # five hang timeouts without answering /health while it starts
+    fatal: list[BaseException] = []
+
+    async def main():
+        task = asyncio.create_task(s.watch(fatal.append))
+        launcher.dead.add("http://s0")
+        while s.restarts < 1 or launcher.starting:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert not fatal and s.restarts == 1 and launcher.killed == []
+    assert client.replaced == [("http://s0", "http://s0-r1")]
