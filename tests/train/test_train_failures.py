@@ -99,8 +99,11 @@ def test_sigint_stops_every_server_child(tmp_path, tiny_model_dir):
         "rollout.server_mode=process",
         "rollout.num_servers=2",
         "rollout.max_new_tokens=16",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=4",
         "algo.dynamic_sampling=false",
         "train.total_steps=100000",
+        "train.eval_every=0",  # a step-0 evaluation would delay the stop past the timeout
         "train.progress=false",
     ]
     code = "import sys; from relayrl.cli import main; sys.exit(main(sys.argv[1:]))"
