@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.budget import RunBudget
+
 HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
 
 OWN_MODEL_CONTEXT = 160
@@ -52,32 +54,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def budget(args) -> RunBudget:
+    """The demo's embedded B, n and token budget (``--quick``: halved B, 48 tokens), no
+    evaluation: only the training loop is timed."""
+    from relayrl.config.schema import RolloutConfig
+
+    demo = RolloutConfig()
+    return RunBudget(
+        steps=args.steps or (6 if args.quick else 20),
+        prompts_per_step=8 if args.quick else demo.prompts_per_step,
+        n_samples=demo.n_samples,
+        max_new_tokens=48 if args.quick else demo.max_new_tokens,
+        eval_every=0,
+        eval_problems=1,
+        eval_max_new_tokens=8,
+    )
+
+
 def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> list[str]:
-    """The demo's embedded config (B, n, token budget, optimizer, decoupled PPO) at ``eta``;
-    ``--quick`` halves B and the token budget. Evaluation and checkpoints are off: only the
-    training loop is timed."""
-    steps = args.steps or (6 if args.quick else 20)
-    quick = ["rollout.prompts_per_step=8", "rollout.max_new_tokens=48"] if args.quick else []
+    """The demo's config at ``eta`` with the benchmark's budget and threads, decoupled PPO."""
     own_model = [] if args.model else [f"model.max_context={OWN_MODEL_CONTEXT}"]
     return [
         f"output_dir={out}",
         f"name=eta{eta}",
         f"model.path={model_dir}",
         *own_model,
-        *quick,
         f"rollout.eta={eta}",
         f"rollout.server_threads={threads['server']}",
         f"train.trainer_threads={threads['trainer']}",
         "runtime.threads=1",
         "algo.loss=decoupled",
-        "algo.dynamic_sampling=false",
-        f"train.total_steps={steps}",
-        "train.save_final=false",
-        "train.progress=false",
-        "train.eval_every=0",
-        "train.checkpoint_every=0",
-        "eval.num_problems=1",
-        "eval.max_new_tokens=8",
+        *budget(args).overrides(),
     ]
 
 

@@ -26,10 +26,11 @@ import argparse
 import csv
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
 
 HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a held-out pass@1"
@@ -63,20 +64,13 @@ DIFFERENCES = [
 ]
 
 
-@dataclass
-class Settings:
+@dataclass(frozen=True, kw_only=True)
+class Settings(RunBudget):
     """One benchmark's shared settings (every side reads these)."""
 
-    steps: int
-    prompts_per_step: int
-    n_samples: int
-    max_new_tokens: int
-    eval_every: int
-    eval_problems: int
-    eval_max_new_tokens: int
     target: float
     seed: int = 0
-    overrides: list[str] = field(default_factory=list)
+    extra_overrides: tuple[str, ...] = ()
 
 
 @dataclass
@@ -135,15 +129,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             target=0.1,
         )
     else:
-        s = Settings(80, 16, 8, 80, 5, 200, 160, 0.8)
-    if args.steps is not None:
-        s.steps = args.steps
-    if args.eval_every is not None:
-        s.eval_every = args.eval_every
-    if args.eval_problems is not None:
-        s.eval_problems = args.eval_problems
-    if args.target is not None:
-        s.target = args.target
+        s = Settings(
+            steps=80,
+            prompts_per_step=16,
+            n_samples=8,
+            max_new_tokens=80,
+            eval_every=5,
+            eval_problems=200,
+            eval_max_new_tokens=160,
+            target=0.8,
+        )
+    given = {
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "eval_problems": args.eval_problems,
+        "target": args.target,
+    }
+    s = replace(s, **{k: v for k, v in given.items() if v is not None})
     for name, value in (("steps", s.steps), ("eval_every", s.eval_every)):
         if value < 1:
             raise RelayError(f"--{name.replace('_', '-')} must be ≥ 1 (got {value})")
@@ -191,20 +193,8 @@ def run_config(s: Settings, out: Path, model_dir: Path | None, side: str = "rela
         f"rollout.eta={eta}",
         f"rollout.server_threads={threads['server']}",
         f"train.trainer_threads={threads['trainer']}",
-        f"rollout.prompts_per_step={s.prompts_per_step}",
-        f"rollout.n_samples={s.n_samples}",
-        f"rollout.max_new_tokens={s.max_new_tokens}",
-        "algo.dynamic_sampling=false",
-        f"train.total_steps={s.steps}",
-        f"train.eval_every={s.eval_every}",
-        f"train.eval_problems={s.eval_problems}",
-        f"eval.num_problems={s.eval_problems}",
-        f"eval.max_new_tokens={s.eval_max_new_tokens}",
-        "train.save_final=false",
-        "train.progress=false",
-        "train.checkpoint_every=0",
-        "train.loggers=[]",
-        *s.overrides,
+        *s.overrides(),
+        *s.extra_overrides,
     ]
     return load_config(None, overrides)
 
@@ -218,9 +208,9 @@ def base_model(args: argparse.Namespace, s: Settings, out: Path) -> Path:
     from relayrl.train.sft import run_sft
 
     quick = ["sft.steps=40", "sft.batch_size=32", "eval.num_problems=16"] if args.quick else []
-    config = run_config(
-        Settings(**{**asdict(s), "overrides": quick}), out, None, side="sft"
-    ).model_copy(update={"name": "sft"})
+    config = run_config(replace(s, extra_overrides=tuple(quick)), out, None, side="sft").model_copy(
+        update={"name": "sft"}
+    )
     start = time.perf_counter()
     base = run_sft(config, progress=False)
     print(f"sft warm start: base_pass@1={base:.2f} ({time.perf_counter() - start:.0f} s)")
@@ -236,7 +226,7 @@ def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideRes
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return relayrl_curve(side, rows, s.prompts_per_step * s.n_samples)
+    return relayrl_curve(side, rows, s.samples_per_step)
 
 
 def relayrl_curve(side: str, rows: list[dict[str, Any]], samples_per_step: int) -> SideResult:
@@ -329,7 +319,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
         use_cpu=True,
         seed=config.seed,
         max_steps=s.steps,
-        per_device_train_batch_size=s.prompts_per_step * s.n_samples,
+        per_device_train_batch_size=s.samples_per_step,
         gradient_accumulation_steps=1,
         num_generations=s.n_samples,
         max_completion_length=s.max_new_tokens,
@@ -369,7 +359,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     trainer.train()
     evaluate(s.steps)
     train_s = curve[-1][1]
-    return SideResult("trl", curve, train_s, s.steps * s.prompts_per_step * s.n_samples)
+    return SideResult("trl", curve, train_s, s.steps * s.samples_per_step)
 
 
 def _side_main(side: str, s: Settings, out: Path, model_dir: Path, result_path: Path) -> None:

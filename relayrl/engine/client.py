@@ -43,6 +43,8 @@ from relayrl.engine.http import ConnectError, FastHTTP
 from relayrl.engine.types import SamplingParams
 
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+# the same failures on the asyncio transport (engine/http.py) used for plain http://
+FAST_RETRYABLE = (ConnectError, ConnectionError, asyncio.IncompleteReadError)
 MAX_STICKY_KEYS = 100_000
 Recover = Callable[[str], Awaitable[str]]
 
@@ -184,41 +186,20 @@ class RolloutClient:
 
     async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
         """One HTTP call with retries on connection errors; raises RolloutServerError."""
-        if FastHTTP.supports(url):
-            return await self._request_fast(method, url, path, json)
+        fast = FastHTTP.supports(url)
+        send = self._send_fast if fast else self._send_httpx
+        retryable = FAST_RETRYABLE if fast else RETRYABLE
+        timeouts = asyncio.TimeoutError if fast else httpx.TimeoutException
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                response = await self._http.request(method, url + path, json=json)
-            except RETRYABLE as exc:
+                status, body = await send(method, url, path, json)
+            except retryable as exc:
                 last = exc
                 if attempt < self.max_retries:
                     await asyncio.sleep(self.backoff * 2**attempt)
                 continue
-            except httpx.TimeoutException as exc:
-                raise RolloutServerError(url, f"{path} timed out: {exc!r}") from exc
-            if response.status_code >= 400:
-                raise RolloutServerError(
-                    url,
-                    f"{path} -> HTTP {response.status_code}: {response.text}",
-                    response.status_code,
-                )
-            return response.json()
-        raise RolloutServerError(
-            url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
-        ) from last
-
-    async def _request_fast(self, method: str, url: str, path: str, json: Any) -> Any:
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            try:
-                status, body = await self._fast.request(method, url, path, json)
-            except (ConnectError, ConnectionError, asyncio.IncompleteReadError) as exc:
-                last = exc
-                if attempt < self.max_retries:
-                    await asyncio.sleep(self.backoff * 2**attempt)
-                continue
-            except asyncio.TimeoutError as exc:
+            except timeouts as exc:
                 raise RolloutServerError(url, f"{path} timed out: {exc!r}") from exc
             if status >= 400:
                 text = body.decode("utf-8", "replace")
@@ -227,6 +208,13 @@ class RolloutClient:
         raise RolloutServerError(
             url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
         ) from last
+
+    async def _send_httpx(self, method: str, url: str, path: str, json: Any) -> tuple[int, bytes]:
+        response = await self._http.request(method, url + path, json=json)
+        return response.status_code, response.content
+
+    async def _send_fast(self, method: str, url: str, path: str, json: Any) -> tuple[int, bytes]:
+        return await self._fast.request(method, url, path, json)
 
     async def _broadcast(
         self, path: str, json: Any = None, urls: list[str] | None = None

@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
 
 HELP = "staleness ablation: naive async vs decoupled PPO over η, and D-ARL at η = 4, 8"
@@ -46,46 +47,18 @@ PRESETS = {
 LABELS = {"naive": "naive async", "decoupled": "decoupled PPO", "darl": "D-ARL"}
 
 
-@dataclass(frozen=True)
-class Budget:
-    """What every cell of one grid shares (the training budget and the evaluation)."""
+@dataclass(frozen=True, kw_only=True)
+class Budget(RunBudget):
+    """What every cell of one grid shares: the run budget (lr set) and the grid's shape."""
 
     etas: tuple[int, ...]
     darl_etas: tuple[int, ...]
     seeds: int
-    steps: int
-    prompts_per_step: int
-    n_samples: int
-    max_new_tokens: int
-    lr: float
-    eval_every: int
-    eval_problems: int
-    final_problems: int
     darl_warmup: int | None = None  # None: the preset's replay.warmup
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.prompts_per_step * self.n_samples
 
     def run_settings(self) -> dict[str, Any]:
         """The fields that change a single run (not the grid's shape)."""
         return {k: v for k, v in asdict(self).items() if k not in ("etas", "darl_etas", "seeds")}
-
-    def overrides(self) -> list[str]:
-        out = [
-            f"rollout.prompts_per_step={self.prompts_per_step}",
-            f"rollout.n_samples={self.n_samples}",
-            f"rollout.max_new_tokens={self.max_new_tokens}",
-            f"optim.lr={self.lr}",
-            f"train.total_steps={self.steps}",
-            f"train.eval_every={self.eval_every}",
-            f"train.eval_problems={self.eval_problems}",
-            f"eval.num_problems={self.final_problems}",
-            "algo.dynamic_sampling=false",
-            "train.save_final=false",
-            "train.progress=false",
-        ]
-        return out
 
 
 # Full grid. lr 2e-4 and B = 16 prompts × 8 samples for 40 steps: on the SFT base this

@@ -67,7 +67,16 @@ def test_parse_sides():
 
 
 def test_write_outputs(tmp_path):
-    s = Settings(2, 2, 2, 8, 1, 4, 8, 0.5)
+    s = Settings(
+        steps=2,
+        prompts_per_step=2,
+        n_samples=2,
+        max_new_tokens=8,
+        eval_every=1,
+        eval_problems=4,
+        eval_max_new_tokens=8,
+        target=0.5,
+    )
     results = [
         SideResult("relayrl_async", [(0, 0.0, 0.25), (2, 1.0, 0.75)], 1.0, 8, 100.0),
         SideResult("trl", [(0, 0.0, 0.25), (2, 3.0, 0.5)], 3.0, 8, 80.0),

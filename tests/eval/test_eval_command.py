@@ -9,26 +9,16 @@ def _last_lines(capsys):
     return capsys.readouterr().out.strip().splitlines()
 
 
+def run_eval(model_dir, data: str, out, *extra: str) -> int:
+    """``relayrl eval`` on one thread writing ``out``; ``extra`` are more options."""
+    args = ["eval", "--model", str(model_dir), "--data", data, "--threads", "1"]
+    return main([*args, "--out", str(out), *extra])
+
+
 def test_eval_synthetic_task_reports_pass_at_k_and_maj_at_k(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "eval.jsonl"
-    code = main(
-        [
-            "eval",
-            "--model",
-            str(tiny_model_dir),
-            "--data",
-            "arithmetic",
-            "--limit",
-            "6",
-            "--n",
-            "4",
-            "--max-new-tokens",
-            "24",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-        ]
+    code = run_eval(
+        tiny_model_dir, "arithmetic", out, "--limit", "6", "--n", "4", "--max-new-tokens", "24"
     )
     assert code == 0
     lines = _last_lines(capsys)
@@ -47,26 +37,12 @@ def test_eval_real_benchmark_runs_without_errors(
     data, tiny_model_dir, tmp_path, capsys, shared_data
 ):
     out = tmp_path / "eval.jsonl"
-    code = main(
-        [
-            "eval",
-            "--model",
-            str(tiny_model_dir),
-            "--data",
-            data,
-            "--limit",
-            "3",
-            "--max-new-tokens",
-            "16",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-            "--data-root",
-            str(shared_data),
-            "--timeout",
-            "20",
-        ]
+    code = run_eval(
+        tiny_model_dir,
+        data,
+        out,
+        *("--limit", "3", "--max-new-tokens", "16", "--data-root", str(shared_data)),
+        *("--timeout", "20"),
     )
     assert code == 0
     lines = _last_lines(capsys)

@@ -102,6 +102,19 @@ async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish
     return worst
 
 
+def one_batch(ctrl: RolloutController):
+    """Start the controller, take one batch, stop it."""
+
+    async def run():
+        ctrl.start()
+        try:
+            return await ctrl.next_batch()
+        finally:
+            await ctrl.stop()
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("trial", range(12))
 def test_staleness_bound_under_random_delays(trial):
     rng = random.Random(trial)
@@ -146,14 +159,7 @@ def test_rejected_groups_are_replaced_and_not_counted():
 
     ctrl = make_controller(servers, options, score)
 
-    async def run():
-        ctrl.start()
-        try:
-            return await ctrl.next_batch()
-        finally:
-            await ctrl.stop()
-
-    batch = asyncio.run(run())
+    batch = one_batch(ctrl)
     assert len(batch) == 3
     assert ctrl.counters["rejected_filtered"] >= 1
     assert (
@@ -175,14 +181,7 @@ def test_long_prompts_are_skipped_and_counted():
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), problems(40, 2))
 
-    async def run():
-        ctrl.start()
-        try:
-            return await ctrl.next_batch()
-        finally:
-            await ctrl.stop()
-
-    batch = asyncio.run(run())
+    batch = one_batch(ctrl)
     assert all(len(g.prompt_ids) + 8 <= 64 for g in batch)
     assert ctrl.counters["skipped_long_prompts"] >= 1
 
