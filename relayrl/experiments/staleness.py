@@ -61,19 +61,20 @@ class Budget(RunBudget):
         return {k: v for k, v in asdict(self).items() if k not in ("etas", "darl_etas", "seeds")}
 
 
-# Full grid. lr 2e-4 and B = 16 prompts × 8 samples for 40 steps: on the SFT base this
-# lr with decoupled PPO improves pass@1 within the budget (docs/async.md: 1e-4 → +0.09..0.14
-# in 40 steps; 5e-4 already degrades), and 40 steps at 2e-4 move the policy enough per
-# step that a ratio against a μ up to 16 versions old falls outside the clip range.
+# Full grid. lr 1e-3 and B = 16 prompts × 8 samples for 30 steps: a learning rate high
+# enough that the policy moves well outside the PPO clip range within a few versions, so a
+# behaviour policy up to 16 versions old is far from π_θ. The one-seed preliminary grid
+# (docs/results/staleness_1seed.md) showed naive async losing 0.13 pass@1 from η = 0 to 16
+# here, while synchronous training (η = 0) still improves steadily.
 FULL = Budget(
     etas=(0, 1, 2, 4, 8, 16),
     darl_etas=(4, 8),
     seeds=3,
-    steps=40,
+    steps=30,
     prompts_per_step=16,
     n_samples=8,
     max_new_tokens=80,  # the longest default chains (6 steps) need ~65 tokens
-    lr=2e-4,
+    lr=1e-3,
     eval_every=10,
     eval_problems=200,
     final_problems=500,
@@ -411,10 +412,12 @@ def why_budget(budget: Budget) -> list[str]:
         ]
     return [
         "- Why this lr and budget: staleness only matters when the policy moves enough per "
-        "step that a behaviour policy η versions old is far from π_θ. lr 2e-4 with B = 16 "
-        "lies between the setting that improved steadily on this base (1e-4) and the one "
-        "that degraded even with decoupled PPO at η = 4 (5e-4 at B = 8, docs/async.md); 40 "
-        "steps allow up to 16 versions of drift per sample at η = 16."
+        "step that a behaviour policy η versions old is far from π_θ. At lr 1e-3 with B = 16 "
+        "synchronous training (η = 0) still improves steadily on this base, and a few "
+        "versions already move the policy past the clip range (the one-seed preliminary "
+        "grid at this setting, docs/results/staleness_1seed.md, showed naive async losing "
+        "0.13 from η = 0 to 16). 30 steps allow up to 16 versions of drift per sample at "
+        "η = 16."
     ]
 
 
