@@ -2,8 +2,9 @@
 latest published weights, and let the client resubmit the requests it lost.
 
 Owns: :class:`ServerSupervisor`. It serialises everything that changes which weights the
-servers hold — publication (pause, load, continue) and restarts — behind one asyncio lock,
-so a restarted server always loads the newest published version and never misses one.
+servers hold — publication (load, with or without an aborting pause) and restarts — behind
+one asyncio lock, so a restarted server always loads the newest published version and never
+misses one.
 
 How failures are noticed:
 
@@ -54,10 +55,14 @@ class ServerSupervisor:
         client: RolloutClient,
         max_restarts: int,
         hang_timeout_s: float = 60.0,
+        publish_mode: str = "retract",
     ) -> None:
+        if publish_mode not in ("abort", "retract"):
+            raise ValueError(f"publish_mode must be 'abort' or 'retract', got {publish_mode!r}")
         self.launcher = launcher
         self.client = client
         self.max_restarts = max_restarts
+        self.publish_mode = publish_mode
         self.hang_timeout_s = hang_timeout_s
         # probe at least twice within the hang timeout, each probe bounded by it
         self.probe_every_s = min(HEALTH_EVERY_S, hang_timeout_s / 2)
@@ -76,13 +81,18 @@ class ServerSupervisor:
 
     # ------------------------------------------------------------------ weights
     async def publish(self, path: Path, version: int) -> None:
-        """Pause every server, load ``path`` as ``version``, continue. A server found
+        """Load ``path`` as ``version`` on every server. ``abort`` mode: pause (aborting
+        running requests, which the client resubmits), load, continue; ``retract`` mode:
+        load only, and each server re-queues its running requests itself. A server found
         unreachable on the way is restarted (with these weights) and the publication
         repeated; other errors propagate."""
         async with self._lock:
             self.latest = (Path(path), version)
             while True:
                 try:
+                    if self.publish_mode == "retract":
+                        await self.client.update_weights(str(path), version=version)
+                        return
                     await self.client.pause("abort")
                     try:
                         await self.client.update_weights(str(path), version=version)

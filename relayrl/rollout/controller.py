@@ -250,6 +250,11 @@ class RolloutController:
             self._fatal = exc
         self._notify()
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The error given to :meth:`fail`, if any."""
+        return self._fatal
+
     def _notify(self) -> None:
         if self._admit_wake is not None and self._batch_wake is not None:
             self._admit_wake.set()

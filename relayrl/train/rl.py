@@ -7,9 +7,12 @@ serve`` child processes (``relayrl.launch.servers``); this process runs the cont
 worker thread so the event loop keeps feeding the servers meanwhile.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
-admission bound would starve the trainer): save safetensors (``/dev/shm`` when present),
-``pause("abort")``, ``update_weights(path, version)``, ``continue_generation()``; the
-client resubmits the aborted requests with their partial output.
+admission bound would starve the trainer): the trainer saves a safetensors snapshot
+(``/dev/shm`` when present) and goes on training while the servers load it in the
+background; the admission bound moves up once they have. ``train.publish_mode``: ``retract``
+(load only; each server re-queues its running requests and prefills them again under the
+new weights) or ``abort`` (``pause("abort")``, load, ``continue_generation()``; the client
+resubmits the aborted requests with their partial output).
 
 Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
 SIGINT/SIGTERM, ``resume=True`` continues from the newest good one
@@ -181,18 +184,47 @@ class _Job:
         )
         self.steps_done = 0
         self.supervisor: ServerSupervisor | None = None
+        self._publication: asyncio.Task | None = None
+        self.publish_seconds = 0.0  # how long the last finished publication took
 
     # ------------------------------------------------------------------ pieces
-    async def _publish(self, client: RolloutClient, controller: RolloutController) -> float:
+    async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
+        """Snapshot the trainer's weights and load them into the servers in the background
+        (after the previous publication, so versions arrive in order); returns the seconds
+        the trainer was held: the snapshot, plus the previous publication if it is still
+        loading. The controller's admission bound moves up when the servers have loaded."""
         start = time.perf_counter()
+        await self._finish_publication()
         version = self.trainer.version
         path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
-        await self.supervisor.publish(path, version)
-        controller.set_published_version(version)
-        for old in self.weights.glob("v*"):
-            if old != path:
-                shutil.rmtree(old, ignore_errors=True)
+        self._publication = asyncio.create_task(
+            self._load_into_servers(path, version, controller), name=f"publish-v{version}"
+        )
+        if wait:
+            await self._finish_publication()
         return time.perf_counter() - start
+
+    async def _load_into_servers(
+        self, path: Path, version: int, controller: RolloutController
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            await self.supervisor.publish(path, version)
+        except Exception as exc:  # the trainer learns of it from its next batch
+            controller.fail(exc)
+            raise
+        controller.set_published_version(version)
+        self.publish_seconds = time.perf_counter() - start
+        for old in self.weights.glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) < version:
+                shutil.rmtree(old, ignore_errors=True)
+
+    async def _finish_publication(self) -> None:
+        """Wait for the publication in flight, if any (its error already reached the
+        controller, which raises it from ``next_batch``)."""
+        task, self._publication = self._publication, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _evaluate(self, problems: list[Problem]) -> dict[str, Any]:
         result = await asyncio.to_thread(
@@ -201,7 +233,7 @@ class _Job:
         self.evals.append(result)
         return result
 
-    async def _resume(self, client: RolloutClient, controller: RolloutController) -> int:
+    async def _resume(self, controller: RolloutController) -> int:
         """Restore the checkpoint being resumed (if any) and publish its weights to the
         servers; returns the number of steps already done."""
         self.checkpoints.register("controller", controller)
@@ -210,7 +242,9 @@ class _Job:
         done = self.checkpoints.restore(self.resume_from)
         versions = (done, self.trainer.version, controller.consumed_version)
         assert len(set(versions)) == 1, f"checkpoint step, trainer, controller: {versions}"
-        await self._publish(client, controller)
+        await self._publish(controller, wait=True)
+        if controller.failure is not None:
+            raise controller.failure
         ready, running = controller.restored_counts()
         print(
             f"resumed from {self.resume_from.path}: {ready} complete groups and {running} "
@@ -237,6 +271,7 @@ class _Job:
             client,
             cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
+            cfg.train.publish_mode,
         )
         controller = RolloutController(
             self.loader,
@@ -246,7 +281,7 @@ class _Job:
             self.encode,
             self.decode,
         )
-        first = self.steps_done = await self._resume(client, controller)
+        first = self.steps_done = await self._resume(controller)
         controller.start()
         stop = StopSignal(controller.fail)
         stop.install()
@@ -259,7 +294,7 @@ class _Job:
                     {"step": 0, "version": 0, **await self._evaluate(self.test_periodic)}
                 )
             for step in range(first, cfg.train.total_steps):
-                metrics = await self._one_step(step, client, controller, interval)
+                metrics = await self._one_step(step, controller, interval)
                 now = time.perf_counter()
                 metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
                 gen_tokens = controller.take_generated_tokens()
@@ -289,6 +324,9 @@ class _Job:
         finally:
             stop.uninstall()
             watch.cancel()
+            if self._publication is not None:
+                self._publication.cancel()
+            await self._finish_publication()
             await controller.stop()
             await client.close()
             dashboard.close()
@@ -303,7 +341,7 @@ class _Job:
         )
 
     async def _one_step(
-        self, step: int, client: RolloutClient, controller: RolloutController, interval: int
+        self, step: int, controller: RolloutController, interval: int
     ) -> dict[str, Any]:
         cfg = self.config
         t0 = time.perf_counter()
@@ -320,13 +358,14 @@ class _Job:
         t_sync = 0.0
         last_step = step == cfg.train.total_steps - 1
         if not last_step and self.trainer.version - controller.published_version >= interval:
-            t_sync = await self._publish(client, controller)
+            t_sync = await self._publish(controller)
         metrics: dict[str, Any] = {"step": step + 1, "version": self.trainer.version}
         metrics.update(batch_metrics(trajs))
         metrics.update(stats)
         train_time = stats["time_prox_s"] + stats["time_update_s"]
         metrics["train_tokens_per_s"] = stats["train_tokens"] / max(train_time, 1e-9)
         metrics["time_wait_s"], metrics["time_sync_s"] = t_wait, t_sync
+        metrics["publish_latency_s"] = self.publish_seconds
         metrics.update(controller.stats())
         metrics.update({f"grading_{k}": v for k, v in self.pool.stats().items()})
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and not last_step:

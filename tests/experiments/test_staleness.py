@@ -81,7 +81,9 @@ def test_grid_resumes_from_saved_cells(tmp_path):
     assert "1 runs left, ETA" in lines[1] and "0 runs left" in lines[3]
     again = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
     assert len(calls) == 2 and [r.final_pass for r in again] == [r.final_pass for r in first]
-    st.run_grid(cells, replace(budget, lr=budget.lr * 2), tmp_path / "m", tmp_path, runner, lines.append)
+    st.run_grid(
+        cells, replace(budget, lr=budget.lr * 2), tmp_path / "m", tmp_path, runner, lines.append
+    )
     assert len(calls) == 4  # another lr: the saved cells do not apply
 
 

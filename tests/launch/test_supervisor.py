@@ -69,6 +69,7 @@ class FakeClient:
         self.recover = None
         self.loaded: list[tuple[str, str, int]] = []
         self.replaced: list[tuple[str, str]] = []
+        self.calls: list[str] = []
 
     async def _check(self, urls: list[str]) -> None:
         """A hung server's request waits until it is killed (no client timeout would end it
@@ -80,12 +81,15 @@ class FakeClient:
                 raise RolloutServerError(url, "unreachable after 4 attempts")
 
     async def pause(self, mode: str) -> None:
+        self.calls.append(f"pause:{mode}")
         await self._check(list(self.launcher.urls))
 
     async def continue_generation(self) -> None:
+        self.calls.append("continue")
         await self._check(list(self.launcher.urls))
 
     async def update_weights(self, path: str, version: int, urls: list[str] | None = None):
+        self.calls.append(f"load:{version}")
         for url in urls or list(self.launcher.urls):
             await self._check([url])
             self.loaded.append((url, path, version))
@@ -118,6 +122,22 @@ def test_many_failed_requests_make_one_restart_with_the_latest_weights():
     assert s.restarts == 1 and s.failovers == 5
     assert client.replaced == [("http://s1", "http://s1-r1")]
     assert client.loaded[-1] == ("http://s1-r1", "/w/v3", 3)
+
+
+@pytest.mark.parametrize(
+    ("mode", "calls"),
+    [("retract", ["load:4"]), ("abort", ["pause:abort", "load:4", "continue"])],
+)
+def test_publication_modes_send_the_right_calls(mode, calls):
+    """retract: one load (the servers re-queue running requests themselves); abort: pause
+    with abort, load, continue (the client resubmits the aborted requests)."""
+    launcher = FakeLauncher(2)
+    client = FakeClient(launcher)
+    asyncio.run(ServerSupervisor(launcher, client, 3, publish_mode=mode).publish("/w/v4", 4))
+    assert client.calls == calls
+    assert client.loaded == [("http://s0", "/w/v4", 4), ("http://s1", "/w/v4", 4)]
+    with pytest.raises(ValueError, match="publish_mode"):
+        ServerSupervisor(launcher, client, 3, publish_mode="drain")
 
 
 def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
