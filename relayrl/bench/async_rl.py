@@ -110,6 +110,8 @@ def measure(run_dir: Path) -> dict[str, float]:
         "t_gen": gen,
         "t_wait": wait,
         "staleness_mean": sum(r["staleness_mean"] for r in steps) / n,
+        "publish_latency": sum(r.get("publish_latency_s", 0.0) for r in later) / len(later),
+        "resubmissions": steps[-1].get("resubmissions", 0.0),
     }
 
 
@@ -160,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
         f"async: eta=4 server_threads={ASYNC_THREADS['server']} "
         f"trainer_threads={ASYNC_THREADS['trainer']} seconds={asyn['seconds']:.1f} "
         f"wait_per_step={asyn['t_wait']:.2f} t_train_per_step={asyn['t_train']:.2f} "
-        f"staleness_mean={asyn['staleness_mean']:.2f}"
+        f"staleness_mean={asyn['staleness_mean']:.2f} "
+        f"publish_latency_per_step={asyn['publish_latency']:.2f} "
+        f"resubmissions={asyn['resubmissions']:.0f}"
     )
     print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
     print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")
