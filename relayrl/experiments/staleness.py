@@ -7,9 +7,10 @@ grading pool, trainer) from one SFT base on the default task, ``--seeds`` seeds 
 1. AReaL Table 2 shape: η ∈ {0, 1, 2, 4, 8, 16} × {naive async (PPO ratio against the stale
    μ, ``configs/async_naive.yaml``), decoupled PPO (``configs/async_decoupled.yaml``)}:
    final held-out pass@1, mean ± std over seeds, and the realised mean staleness.
-2. At η ∈ {4, 8}: naive, decoupled and D-ARL (``configs/darl.yaml``): final pass@1, the
-   generated samples needed to reach a target pass@1 (sample efficiency, from the periodic
-   evaluations) and the training wall time (evaluation excluded).
+2. At η ∈ {4, 8}: naive, decoupled, decoupled with token-level truncated importance
+   sampling (``configs/async_decoupled_tis.yaml``) and D-ARL (``configs/darl.yaml``):
+   final pass@1, the generated samples needed to reach a target pass@1 (sample efficiency,
+   from the periodic evaluations) and the training wall time (evaluation excluded).
 
 Each finished cell is saved as ``<out>/cells/<cell>.json`` with its settings and reused
 when the command is run again with the same settings, so an interrupted grid resumes.
@@ -42,9 +43,17 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = {
     "naive": "async_naive.yaml",
     "decoupled": "async_decoupled.yaml",
+    "decoupled_tis": "async_decoupled_tis.yaml",
     "darl": "darl.yaml",
 }
-LABELS = {"naive": "naive async", "decoupled": "decoupled PPO", "darl": "D-ARL"}
+LABELS = {
+    "naive": "naive async",
+    "decoupled": "decoupled PPO",
+    "decoupled_tis": "decoupled PPO + token TIS (C = 2)",
+    "darl": "D-ARL",
+}
+# the methods of the D-ARL comparison (table 2), in table order
+COMPARED = ("naive", "decoupled", "decoupled_tis", "darl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +134,7 @@ def plan_cells(budget: Budget) -> list[Cell]:
         for s in range(budget.seeds)
     ]
     for eta in budget.darl_etas:
-        for m in ("naive", "decoupled", "darl"):
+        for m in COMPARED:
             for s in range(budget.seeds):
                 if Cell(m, eta, s) not in cells:
                     cells.append(Cell(m, eta, s))
@@ -338,7 +347,7 @@ def table_darl(cells, etas: Sequence[int], target: float | None) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for eta in etas:
-        for method in ("naive", "decoupled", "darl"):
+        for method in COMPARED:
             runs = cells.get((method, eta), [])
             if not runs:
                 continue
@@ -466,7 +475,9 @@ def write_markdown(
         f"- Seeds: {budget.seeds} per cell (the seed sets the prompt order and the sampling "
         "seeds; every run starts from the same base).",
         "- Methods: naive async = `configs/async_naive.yaml` (PPO ratio π_θ/μ against the "
-        "stale behaviour policy), decoupled PPO = `configs/async_decoupled.yaml`, D-ARL = "
+        "stale behaviour policy), decoupled PPO = `configs/async_decoupled.yaml` (behaviour "
+        "weight w = π_prox/μ not truncated), decoupled PPO + token TIS = "
+        "`configs/async_decoupled_tis.yaml` (w truncated at 2 per token), D-ARL = "
         f"`configs/darl.yaml` ({darl_summary(budget)}), each at the row's η. D-ARL replays "
         "only samples whose oldest version is within the last K of the trainer's, so at a "
         "realised staleness ≥ K − 1 little is replayed (last column of table 2).",
@@ -523,7 +534,7 @@ def write_plot(path: Path, results: Sequence[CellResult], budget: Budget) -> Non
     ax.set(title="final pass@1 vs staleness bound η", xlabel="η", ylabel="held-out pass@1")
     ax.legend()
     for ax, eta in zip(axes[1:], budget.darl_etas, strict=True):
-        for method in ("naive", "decoupled", "darl"):
+        for method in COMPARED:
             if (method, eta) in cells:
                 xs, ys = zip(*mean_curve(cells[(method, eta)]), strict=True)
                 ax.plot(xs, ys, marker="o", label=LABELS[method])

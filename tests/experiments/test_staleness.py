@@ -19,13 +19,15 @@ def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> 
 
 def test_plan_full_and_quick_grids():
     cells = st.plan_cells(st.FULL)
-    assert len(cells) == len(set(cells)) == 6 * 2 * 3 + 2 * 3
+    assert len(cells) == len(set(cells)) == 6 * 2 * 3 + 2 * 2 * 3
     assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
+    assert {c.eta for c in cells if c.method == "decoupled_tis"} == {4, 8}
     assert [c.name for c in st.plan_cells(st.QUICK)] == [
         "naive-eta0-seed0",
         "decoupled-eta0-seed0",
         "naive-eta4-seed0",
         "decoupled-eta4-seed0",
+        "decoupled_tis-eta4-seed0",
         "darl-eta4-seed0",
     ]
 
@@ -43,6 +45,13 @@ def test_cell_configs_follow_the_presets(tmp_path):
     assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4
     assert darl.replay.warmup == 1  # quick: replay from the second step
     assert darl.output_dir == str(tmp_path) and darl.name == "darl-eta4-seed0"
+    tis = st.cell_config(st.Cell("decoupled_tis", 4, 0), st.FULL, tmp_path / "m", tmp_path)
+    assert (tis.algo.loss, tis.algo.is_level, tis.algo.is_mode, tis.algo.is_cap) == (
+        "decoupled",
+        "token",
+        "truncate",
+        2.0,
+    )
 
 
 def test_read_run_curve_wall_time_and_replay_share(tmp_path):
