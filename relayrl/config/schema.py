@@ -198,6 +198,13 @@ class TrainConfig(Section):
         200, gt=0, description="held-out problems per evaluation (eval.* sets the sampling)"
     )
     trainer_threads: int = Field(1, gt=0, description="torch threads of the trainer process")
+    switch_interval_ms: float = Field(
+        0.5,
+        gt=0,
+        description="Python GIL switch interval of the trainer process (sys.setswitchinterval; "
+        "CPython's default is 5 ms): how long the training thread can wait for the GIL "
+        "while the controller's event loop holds it (docs/async.md, measured)",
+    )
     weights_dir: str | None = Field(
         None, description="where published weights go (null: /dev/shm if present, else run dir)"
     )

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -424,11 +425,14 @@ def run_train(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
     job = None
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(config.train.switch_interval_ms / 1000)
     try:
         urls = launcher.start()
         job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint)
         result = asyncio.run(job.loop(urls))
     finally:
+        sys.setswitchinterval(switch_interval)
         launcher.stop()
         pool.close()
         if job is not None:
