@@ -505,6 +505,9 @@ def write_markdown(
         "",
         "Per-cell numbers (curves, staleness, times) are in the experiment's `cells/*.json`.",
         "",
+        "What these numbers mean (and do not): "
+        "[docs/darl.md](../darl.md#results-of-the-staleness-experiment).",
+        "",
     ]
     path.write_text("\n".join(lines))
 
