@@ -200,15 +200,7 @@ def test_generation_error_rejects_the_group_only():
     options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     ctrl._generate = flaky
-
-    async def run():
-        ctrl.start()
-        try:
-            return await ctrl.next_batch()
-        finally:
-            await ctrl.stop()
-
-    assert len(asyncio.run(run())) == 2
+    assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
 
 
