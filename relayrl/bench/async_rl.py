@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="threads of each synchronous phase (default: the free cores, by load average)",
     )
+    parser.add_argument(
+        "--device", default="cpu", help="torch device of the servers and the trainer (cpu, cuda)"
+    )
 
 
 def budget(args) -> RunBudget:
@@ -78,6 +81,7 @@ def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, in
         f"output_dir={out}",
         f"name=eta{eta}",
         f"model.path={model_dir}",
+        f"model.device={args.device}",
         *own_model,
         f"rollout.eta={eta}",
         f"rollout.server_threads={threads['server']}",
@@ -112,6 +116,8 @@ def measure(run_dir: Path) -> dict[str, float]:
         "staleness_mean": sum(r["staleness_mean"] for r in steps) / n,
         "publish_latency": sum(r.get("publish_latency_s", 0.0) for r in later) / len(later),
         "resubmissions": steps[-1].get("resubmissions", 0.0),
+        # at η = 0 this is the engine-vs-trainer logprob mismatch alone
+        "behav_kl_k3": sum(r.get("behav_kl_k3", 0.0) for r in steps) / n,
     }
 
 
@@ -154,9 +160,10 @@ def run(args: argparse.Namespace) -> int:
         asyn = _run(args, out, model_dir, 4, ASYNC_THREADS)
     limit = (sync["t_gen"] + sync["t_train"]) / max(sync["t_gen"], sync["t_train"], 1e-9)
     print(
-        f"sync: eta=0 server_threads={sync_t['server']} "
+        f"device={args.device} sync: eta=0 server_threads={sync_t['server']} "
         f"trainer_threads={sync_t['trainer']} seconds={sync['seconds']:.1f} "
-        f"t_gen_per_step={sync['t_gen']:.2f} t_train_per_step={sync['t_train']:.2f}"
+        f"t_gen_per_step={sync['t_gen']:.2f} t_train_per_step={sync['t_train']:.2f} "
+        f"engine_trainer_kl_k3={sync['behav_kl_k3']:.2e}"
     )
     print(
         f"async: eta=4 server_threads={ASYNC_THREADS['server']} "

@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="torch device of both sides (cpu, cuda)")
+    parser.add_argument("--dtype", default="float32", help="model dtype (float32, bfloat16)")
 
 
 def _bench_engine(model, work: Workload, batch: int) -> float:
@@ -80,8 +82,10 @@ def _bench_hf(model, work: Workload, batch: int, pad_id: int) -> float:
     for i in range(0, len(work.prompts), batch):
         prompts, lengths = work.prompts[i : i + batch], work.lengths[i : i + batch]
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
+        )
         longest = max(lengths)
         with torch.inference_mode():
             model.generate(
@@ -95,6 +99,8 @@ def _bench_hf(model, work: Workload, batch: int, pad_id: int) -> float:
                 temperature=1.0,
                 pad_token_id=pad_id,
             )
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from relayrl.models.build import create_model_dir
+    from relayrl.models.loading import prefer_shape_agnostic_attention
     from relayrl.tasks.registry import make_task
 
     torch.set_num_threads(args.threads)
@@ -117,12 +124,17 @@ def run(args: argparse.Namespace) -> int:
             max_position_embeddings=max_len + 64,
             corpus_size=300,
         )
-    model.eval()
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    prefer_shape_agnostic_attention(args.device)  # both sides alike
     work = make_workload(n, 8, max_len, len(tok), args.seed)
     print(
         f"preset={args.preset} requests={n} lengths=[8,{max_len}] requested_tokens={work.tokens} "
-        f"batch={batch} threads={args.threads}"
+        f"batch={batch} threads={args.threads} device={args.device} dtype={args.dtype}"
     )
+    if args.device != "cpu":  # CUDA context, kernel selection and allocator warm-up
+        warm = make_workload(4, 8, 16, len(tok), args.seed + 1)
+        _bench_engine(model, warm, batch)
+        _bench_hf(model, warm, batch, tok.pad_token_id)
     t_engine = _bench_engine(model, work, batch)
     engine_tps = work.tokens / t_engine
     print(f"engine_seconds={t_engine:.2f} engine_tokens_per_s={engine_tps:.1f}")

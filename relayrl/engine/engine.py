@@ -47,6 +47,7 @@ from relayrl.engine.types import (
 )
 from relayrl.engine.weights import load_into, read_state_dict
 from relayrl.errors import RelayError
+from relayrl.models.loading import prefer_shape_agnostic_attention
 
 
 @dataclass
@@ -116,6 +117,7 @@ class Engine:
         config = model.config
         _check_supported(config)
         self.device = next(model.parameters()).device
+        prefer_shape_agnostic_attention(self.device)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         context = getattr(config, "max_position_embeddings", None) or 4096
         self.max_seq_len = min(self.options.max_seq_len or context, context)

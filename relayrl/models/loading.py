@@ -46,7 +46,22 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
     except Exception as exc:  # noqa: BLE001
         raise RelayError(f"cannot load a causal LM from {str(p)!r}: {exc}") from exc
+    prefer_shape_agnostic_attention(device)
     return model.to(device).eval()
+
+
+def prefer_shape_agnostic_attention(device) -> None:
+    """On CUDA, take the cuDNN backend out of ``scaled_dot_product_attention``.
+
+    cuDNN builds an execution plan for every new input shape (about 2 ms per attention call
+    on an H100, docs/benchmarks.md "GPU"), and RL shapes change at every decode step (the KV
+    length grows) and every micro-batch. The memory-efficient and flash kernels need no
+    plan. Process-wide; a no-op on CPU.
+    """
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 PLAIN_TEMPLATE = "{prompt}\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from relayrl.config.schema import RunConfig
-from relayrl.models.loading import encode_prompt
+from relayrl.models.loading import encode_prompt, prefer_shape_agnostic_attention
 from relayrl.tasks.base import Problem, SyntheticTask
 
 IGNORE_INDEX = -100
@@ -132,10 +132,13 @@ def train_sft(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.warmup_steps, sft.steps))
     model.train()
+    device = next(model.parameters()).device
+    prefer_shape_agnostic_attention(device)
     start, loss_value = time.perf_counter(), float("nan")
     bar = tqdm(range(sft.steps), desc="sft", disable=not progress, mininterval=1.0)
     for step in bar:
-        ids, mask, labels = collate(stream.next_batch(sft.batch_size), tokenizer.pad_token_id)
+        batch = collate(stream.next_batch(sft.batch_size), tokenizer.pad_token_id)
+        ids, mask, labels = (x.to(device) for x in batch)
         loss = completion_loss(model, ids, mask, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -197,6 +200,7 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
             max_position_embeddings=config.model.max_context,
             vocab_size=config.model.vocab_size,
         )
+        model = model.to(config.model.device)
     result = train_sft(config, task, model, tokenizer, run_dir / "sft_model", progress)
     problems = task.problems("test", config.eval.num_problems, config.task.seed)
     options = EngineOptions(

@@ -36,6 +36,7 @@ import torch
 from relayrl.algo.advantages import compute_advantages
 from relayrl.algo.losses import LossConfig, entropy_from_logits, loss_normalizer, policy_loss
 from relayrl.algo.microbatch import pack_micro_batches
+from relayrl.models.loading import prefer_shape_agnostic_attention
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
@@ -91,14 +92,17 @@ class _MicroBatch:
         out = torch.zeros(self.mask.shape, dtype=per_traj[self.index[0]].dtype)
         for row, (i, span) in enumerate(zip(self.index, self.spans, strict=True)):
             out[row, span] = per_traj[i]
-        return out
+        return out.to(self.mask.device)
 
     def gather(self, padded: torch.Tensor) -> list[torch.Tensor]:
-        """The inverse of ``scatter``: one tensor per row, over its completion tokens."""
+        """The inverse of ``scatter``: one CPU tensor per row, over its completion tokens."""
+        padded = padded.cpu()
         return [padded[row, span] for row, span in enumerate(self.spans)]
 
 
-def _collate(trajs: Sequence[Trajectory], index: list[int], pad_id: int) -> _MicroBatch:
+def _collate(
+    trajs: Sequence[Trajectory], index: list[int], pad_id: int, device: torch.device
+) -> _MicroBatch:
     seqs = [trajs[i] for i in index]
     width = max(t.num_tokens for t in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -116,6 +120,7 @@ def _collate(trajs: Sequence[Trajectory], index: list[int], pad_id: int) -> _Mic
         mask[row, span] = 1.0
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
         adv[row, span] = t.advantage
+    ids, attn, mask, behav, adv = (x.to(device) for x in (ids, attn, mask, behav, adv))
     return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans)
 
 
@@ -124,6 +129,7 @@ class RLTrainer:
 
     def __init__(self, model: torch.nn.Module, config: Any, pad_id: int) -> None:
         self.model = model.train()
+        prefer_shape_agnostic_attention(next(model.parameters()).device)
         self.cfg = config
         self.pad_id = pad_id
         self.eta = config.rollout.eta
@@ -159,7 +165,8 @@ class RLTrainer:
     def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
         """First-fit-decreasing packs under ``optim.micro_batch_tokens``, collated."""
         plan = pack_micro_batches([t.num_tokens for t in trajs], self.cfg.optim.micro_batch_tokens)
-        return [_collate(trajs, idx, self.pad_id) for idx in plan]
+        device = next(self.model.parameters()).device
+        return [_collate(trajs, idx, self.pad_id, device) for idx in plan]
 
     def traj_logprobs(
         self,
