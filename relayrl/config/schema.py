@@ -179,6 +179,14 @@ class OptimConfig(Section):
     micro_batch_tokens: int = Field(
         8192, gt=0, description="token budget of one micro-batch (dynamic batching)"
     )
+    ppo_minibatches: int = Field(
+        1,
+        ge=1,
+        description="AdamW steps per batch: the batch's groups are split into this many "
+        "mini-batches (PPO's inner loop; AReaL's ppo_n_minibatches). Proximal logprobs are "
+        "computed once before the first; the weight version advances by one per batch",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="passes over the batch's mini-batches")
 
 
 class TrainConfig(Section):

@@ -7,8 +7,10 @@ and publication of weights as safetensors) and :func:`lr_factor`.
 Per step: assert every trajectory's staleness ≤ η → (REINFORCE++-baseline advantages over
 the batch) → pack sequences into micro-batches under ``optim.micro_batch_tokens``
 (``relayrl.algo.microbatch``) → no-grad pass for π_prox (decoupled loss; also the source of
-the behaviour-vs-proximal statistics) → per micro-batch ``policy_loss`` with the step's
-normaliser, backward → clip → AdamW step → version + 1. Logprobs are
+the behaviour-vs-proximal statistics) → for each PPO mini-batch (``optim.ppo_minibatches``
+contiguous slices of the groups, ``optim.ppo_epochs`` passes; one by default): per
+micro-batch ``policy_loss`` with the mini-batch's normaliser, backward → clip → AdamW step;
+then version + 1 (one version per batch, whatever the number of AdamW steps). Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
 With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
@@ -124,6 +126,42 @@ def _collate(
     return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans)
 
 
+def minibatch_slices(
+    groups: Sequence[Sequence[Trajectory]], num_trajs: int, minibatches: int
+) -> list[list[int]]:
+    """Trajectory indices of each PPO mini-batch: the batch's groups (its first trajectories,
+    in order) cut into ``minibatches`` contiguous runs of whole groups, as even as possible;
+    trajectories past the groups (D-ARL replays) are dealt round-robin. Never an empty one."""
+    bounds, start = [], 0
+    for g in groups:
+        bounds.append((start, start + len(g)))
+        start += len(g)
+    m = max(1, min(minibatches, len(groups)))
+    parts: list[list[int]] = []
+    for k in range(m):
+        lo, hi = k * len(groups) // m, (k + 1) * len(groups) // m
+        parts.append([i for a, b in bounds[lo:hi] for i in range(a, b)])
+    for j, i in enumerate(range(start, num_trajs)):
+        parts[j % m].append(i)
+    return parts
+
+
+def combine_update_stats(updates: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Statistics of several AdamW steps: token-weighted means (maxima for ``MAX_STATS``);
+    ``grad_norm`` is the mean over steps."""
+    total = max(sum(n for _, n in updates), 1)
+    out: dict[str, float] = {}
+    for key in updates[0][0]:
+        values = [(s[key], n) for s, n in updates if key in s]
+        if key in MAX_STATS:
+            out[key] = max(v for v, _ in values)
+        elif key in ("grad_norm", "micro_batches"):
+            out[key] = sum(v for v, _ in values) / len(values)
+        else:
+            out[key] = sum(v * n for v, n in values) / total
+    return out
+
+
 class RLTrainer:
     """Owns the policy being optimised; ``version`` = optimizer steps taken."""
 
@@ -206,23 +244,75 @@ class RLTrainer:
                 t.advantage = a
 
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-        """One optimizer step on ``groups`` (lists of trajectories); returns statistics.
+        """One PPO update on ``groups`` (lists of trajectories); returns statistics.
 
-        With ``replay.enable`` the step trains these fresh samples plus selected replayed
-        ones, with the multi-behaviour loss (``relayrl.train.replay_step``)."""
+        ``optim.ppo_minibatches`` × ``optim.ppo_epochs`` AdamW steps on contiguous slices of
+        the batch's groups (one step by default); the proximal logprobs are computed once,
+        before the first, so π_prox is the policy that the batch started from. The version
+        advances by one per call. With ``replay.enable`` the step trains these fresh samples
+        plus selected replayed ones, with the multi-behaviour loss
+        (``relayrl.train.replay_step``)."""
         fresh = [t for g in groups for t in g]
         stale = self.check_staleness(fresh)
         self._batch_advantages(groups)
         t0 = time.perf_counter()
+        parts = minibatch_slices(groups, len(fresh), self.cfg.optim.ppo_minibatches)
+        whole = self._micro_batches(fresh) if len(parts) == 1 and self.replay is None else None
         if self.replay is None:
-            trajs, mbs = fresh, self._micro_batches(fresh)
-            prox = self.traj_logprobs(self.model, trajs, mbs) if self._needs_prox() else None
+            trajs = fresh
+            prox = self.traj_logprobs(self.model, trajs, whole) if self._needs_prox() else None
             per_token, normalizer, extra = {}, None, {}
         else:
             batch, terms = self._replay_batch(fresh)
-            trajs, prox, mbs = batch.trajs, batch.prox, self._micro_batches(batch.trajs)
+            trajs, prox = batch.trajs, batch.prox
             per_token, normalizer = terms.per_token, terms.normalizer
             extra = {**batch.stats, **terms.stats}
+        t1 = time.perf_counter()
+        if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
+            parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
+        total_tokens = sum(len(t.completion_ids) for t in trajs)
+        updates = []
+        for _ in range(self.cfg.optim.ppo_epochs):
+            for part in parts:
+                # a batch-level normaliser (D-ARL) is shared out by the slice's token share
+                share = sum(len(trajs[i].completion_ids) for i in part) / max(total_tokens, 1)
+                updates.append(
+                    self._update(
+                        [trajs[i] for i in part],
+                        [prox[i] for i in part] if prox is not None else None,
+                        {k: [v[i] for i in part] for k, v in per_token.items()},
+                        None if normalizer is None else normalizer * share,
+                        whole,
+                    )
+                )
+        self.scheduler.step()
+        self.version += 1
+        if self.replay is not None:
+            self.replay.finish(batch, self.version, self.model)
+        stats = combine_update_stats(updates)
+        stats.update(extra)
+        stats.update(
+            lr=self.scheduler.get_last_lr()[0],
+            optimizer_steps=float(len(updates)),
+            train_tokens=float(sum(t.num_tokens for t in trajs)),
+            staleness_min=float(min(stale)),
+            staleness_mean=sum(stale) / len(stale),
+            staleness_max=float(max(stale)),
+            time_prox_s=t1 - t0,
+            time_update_s=time.perf_counter() - t1,
+        )
+        return stats
+
+    def _update(
+        self,
+        trajs: list[Trajectory],
+        prox: list[torch.Tensor] | None,
+        per_token: dict[str, list[torch.Tensor]],
+        normalizer: float | None,
+        mbs: list[_MicroBatch] | None = None,
+    ) -> tuple[dict[str, float], int]:
+        """One AdamW step on ``trajs``: micro-batches, backward, clip, step."""
+        mbs = mbs if mbs is not None else self._micro_batches(trajs)
         if normalizer is None:
             n_tokens = sum(len(t.completion_ids) for t in trajs)
             normalizer = loss_normalizer(
@@ -236,30 +326,14 @@ class RLTrainer:
             for mb in mbs
         ]
         ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
-        t1 = time.perf_counter()
         stats = self._accumulate(mbs, inputs, ref, normalizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.optim.grad_clip
         )
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-        if self.replay is not None:
-            self.replay.finish(batch, self.version, self.model)
-        stats.update(extra)
-        stats.update(
-            grad_norm=float(grad_norm),
-            lr=self.scheduler.get_last_lr()[0],
-            micro_batches=float(len(mbs)),
-            train_tokens=float(sum(t.num_tokens for t in trajs)),
-            staleness_min=float(min(stale)),
-            staleness_mean=sum(stale) / len(stale),
-            staleness_max=float(max(stale)),
-            time_prox_s=t1 - t0,
-            time_update_s=time.perf_counter() - t1,
-        )
-        return stats
+        stats.update(grad_norm=float(grad_norm), micro_batches=float(len(mbs)))
+        return stats, sum(len(t.completion_ids) for t in trajs)
 
     def _replay_batch(self, fresh: list[Trajectory]) -> tuple[ReplayBatch, LossTerms]:
         """Fresh + replay candidates → proximal pass → selection → loss terms."""

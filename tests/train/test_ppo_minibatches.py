@@ -1,0 +1,93 @@
+"""PPO mini-batch updates (``optim.ppo_minibatches`` / ``ppo_epochs``): how the batch is cut,
+that π_prox stays the policy the batch started from, and the weight-version bookkeeping."""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.train.trainer import combine_update_stats, minibatch_slices
+from tests.buffer.test_replay_training import make_trainer, params, synthetic_groups
+
+torch.set_num_threads(1)
+
+
+class _G(list):
+    """A group stand-in: only its length matters to ``minibatch_slices``."""
+
+
+def test_minibatch_slices_cut_whole_groups_and_deal_replays():
+    groups = [_G([0, 0]), _G([0, 0, 0]), _G([0]), _G([0, 0])]  # trajectories 0..7
+    assert minibatch_slices(groups, 8, 1) == [list(range(8))]
+    assert minibatch_slices(groups, 8, 2) == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert minibatch_slices(groups, 8, 4) == [[0, 1], [2, 3, 4], [5], [6, 7]]
+    # more mini-batches than groups: one group each, never an empty one
+    assert minibatch_slices(groups[:2], 5, 3) == [[0, 1], [2, 3, 4]]
+    # trajectories past the groups (replayed samples) are dealt round-robin
+    assert minibatch_slices(groups[:2], 8, 2) == [[0, 1, 5, 7], [2, 3, 4, 6]]
+
+
+def test_combine_update_stats_token_weighted():
+    out = combine_update_stats(
+        [
+            ({"clip_frac": 0.5, "is_weight_max": 2.0, "grad_norm": 1.0}, 10),
+            ({"clip_frac": 0.0, "is_weight_max": 3.0, "grad_norm": 3.0}, 30),
+        ]
+    )
+    assert out == {"clip_frac": 0.125, "is_weight_max": 3.0, "grad_norm": 2.0}
+
+
+def _set_behaviour_to_current_policy(trainer, groups) -> None:
+    trajs = [t for g in groups for t in g]
+    for t, lp in zip(trajs, trainer.traj_logprobs(trainer.model, trajs), strict=True):
+        t.behav_logprobs = lp.tolist()
+
+
+def test_minibatches_keep_prox_at_the_batch_start(tiny_model_dir):
+    """With μ = the policy at the batch start, decoupled PPO (π_prox computed once, before the
+    first mini-batch) and PPO against μ are the same update, mini-batch after mini-batch. Had
+    π_prox been recomputed per mini-batch, the second AdamW step would differ."""
+    knobs = ("optim.ppo_minibatches=2", "optim.lr=3e-2")
+    decoupled = make_trainer(tiny_model_dir, *knobs)
+    ppo = make_trainer(tiny_model_dir, *knobs, "algo.loss=ppo")
+    groups = synthetic_groups(decoupled, seed=5, lags=[0, 1, 0, 2])
+    _set_behaviour_to_current_policy(decoupled, groups)
+    stats = decoupled.train_step(groups)
+    ppo.train_step(groups)
+    for a, b in zip(params(decoupled), params(ppo), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert stats["optimizer_steps"] == 2.0
+    assert stats["clip_frac"] > 0  # the second step is clipped around π_prox
+
+    # two one-step batches on the halves: π_prox is recomputed before the second
+    recomputed = make_trainer(tiny_model_dir, knobs[1], "rollout.eta=3")
+    recomputed.train_step(groups[:2])
+    recomputed.train_step(groups[2:])
+    gap = max(
+        float((a - b).abs().max())
+        for a, b in zip(params(recomputed), params(decoupled), strict=True)
+    )
+    assert gap > 1e-4
+
+
+def test_minibatches_naive_equal_successive_steps(tiny_model_dir):
+    """PPO against μ (no π_prox) with 2 mini-batches = two one-step batches on the halves
+    (constant learning rate), except that the version advances once."""
+    split = make_trainer(tiny_model_dir, "optim.ppo_minibatches=2", "algo.loss=ppo")
+    steps = make_trainer(tiny_model_dir, "algo.loss=ppo", "rollout.eta=3")
+    groups = synthetic_groups(split, seed=7, lags=[0, 1, 2, 0])
+    split.train_step(groups)
+    steps.train_step(groups[:2])
+    steps.train_step(groups[2:])
+    for a, b in zip(params(split), params(steps), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert (split.version, steps.version) == (1, 2)
+
+
+def test_epochs_multiply_optimizer_steps(tiny_model_dir):
+    trainer = make_trainer(tiny_model_dir, "optim.ppo_minibatches=2", "optim.ppo_epochs=3")
+    groups = synthetic_groups(trainer, seed=9, lags=[0, 0, 1])
+    before = params(trainer)
+    stats = trainer.train_step(groups)
+    assert stats["optimizer_steps"] == 6.0
+    assert trainer.version == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, params(trainer), strict=True))
