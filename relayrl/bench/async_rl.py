@@ -7,8 +7,11 @@ synchronous side alternates generation and training, so each phase may use both 
 core each. Throughput = trained completion tokens / wall time of the training loop.
 
 ``overlap_limit`` is the speed-up that perfect overlap of the synchronous run's measured
-stage times would give: ``(T_gen + T_train) / max(T_gen, T_train)`` per step.
-The last line is ``async_speedup=X.XX``.
+stage times would give over the run's N steps. A perfect two-stage pipeline still starts
+with one generation that nothing overlaps and ends with one training step, so it takes
+``T_gen + T_train + (N − 1)·max(T_gen, T_train)`` against the synchronous
+``N·(T_gen + T_train)``; ``steady_overlap_limit`` is the N → ∞ value
+``(T_gen + T_train) / max(T_gen, T_train)``. The last line is ``async_speedup=X.XX``.
 
 Imports: the config loader, model building and the RL job (``relayrl.train.rl``).
 """
@@ -121,6 +124,15 @@ def measure(run_dir: Path) -> dict[str, float]:
     }
 
 
+def overlap_limit(t_gen: float, t_train: float, steps: int | None) -> float:
+    """Speed-up of a perfect two-stage pipeline over ``steps`` steps (``None``: unbounded)
+    against running the stages one after the other."""
+    slow = max(t_gen, t_train, 1e-9)
+    if steps is None:
+        return (t_gen + t_train) / slow
+    return steps * (t_gen + t_train) / (t_gen + t_train + (steps - 1) * slow)
+
+
 def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> dict[str, Any]:
     from relayrl.config.loader import load_config
     from relayrl.train.rl import run_train
@@ -158,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
         sync_t = sync_threads(args.sync_threads)
         sync = _run(args, out, model_dir, 0, sync_t)
         asyn = _run(args, out, model_dir, 4, ASYNC_THREADS)
-    limit = (sync["t_gen"] + sync["t_train"]) / max(sync["t_gen"], sync["t_train"], 1e-9)
+    steps = budget(args).steps
+    limit = overlap_limit(sync["t_gen"], sync["t_train"], steps)
+    steady = overlap_limit(sync["t_gen"], sync["t_train"], None)
     print(
         f"device={args.device} sync: eta=0 server_threads={sync_t['server']} "
         f"trainer_threads={sync_t['trainer']} seconds={sync['seconds']:.1f} "
@@ -175,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
     print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")
+    print(f"steady_overlap_limit={steady:.2f}")
     print(f"overlap_limit={limit:.2f}")
+    print(f"fraction_of_limit={asyn['tokens_per_s'] / sync['tokens_per_s'] / limit:.2f}")
     print(f"async_speedup={asyn['tokens_per_s'] / sync['tokens_per_s']:.2f}")
     return 0

@@ -314,6 +314,8 @@ class RolloutClient:
                     server=url,
                     resubmissions=resubmits,
                     failovers=failovers,
+                    # the server's text covers the whole output only if it came in one part
+                    text=out.text if resubmits == failovers == 0 else None,
                     meta_info=out.meta_info,
                 )
             resubmits += 1

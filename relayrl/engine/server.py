@@ -113,7 +113,9 @@ def _finish_reason(result: GenerationResult) -> dict[str, Any]:
 
 
 def _response(engine: Engine, result: GenerationResult, req: GenerateIn) -> dict[str, Any]:
-    text = engine.tokenizer.decode(result.output_ids) if engine.tokenizer is not None else None
+    tok = engine.tokenizer
+    # special tokens (EOS) left out of the text, as SGLang's default skip_special_tokens
+    text = tok.decode(result.output_ids, skip_special_tokens=True) if tok is not None else None
     versions = result.output_versions
     meta: dict[str, Any] = {
         "id": result.rid,

@@ -43,6 +43,7 @@ class GenerationLike(Protocol):
     output_versions: list[int]
     finish_reason: str
     resubmissions: int
+    text: str | None  # the server's detokenised output, if it sent one
 
 
 class RewardLike(Protocol):
@@ -357,7 +358,9 @@ class RolloutController:
         start = time.perf_counter()
         gen = await self._generate(group.prompt_ids, params, group.key)
         generated = time.perf_counter()
-        text = self._decode(gen.output_ids)
+        # the server's detokenised text when it has one (saves a decode in this process)
+        text = getattr(gen, "text", None)
+        text = text if text is not None else self._decode(gen.output_ids)
         result = await self._score(group.problem, text)
         self.counters[f"reward_{result.status}"] += 1
         self.counters["resubmissions"] += gen.resubmissions

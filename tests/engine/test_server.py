@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from relayrl.engine.client import RolloutClient, RolloutServerError, continuation_seed
-from relayrl.engine.server import ServerThread, check_bind, create_app
-from relayrl.engine.types import SamplingParams
+from relayrl.engine.server import GenerateIn, ServerThread, _response, check_bind, create_app
+from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.errors import RelayError
 from tests.engine.conftest import perturbed_state, recompute_logprobs
 
@@ -53,6 +53,20 @@ def test_generate_schema_and_info(served):
     assert len(data["output_ids"]) == 6 and meta["finish_reason"] == {"type": "length", "length": 6}
     assert [t[1] for t in meta["output_token_logprobs"]] == data["output_ids"]
     assert meta["output_token_versions"] == [0] * 6 and meta["prompt_tokens"] == 3
+    # the text skips special tokens (SGLang's default), as the trainer's decode does
+    expected = engine.tokenizer.decode(data["output_ids"], skip_special_tokens=True)
+    assert data["text"] == expected
+
+    async def with_client():
+        async with RolloutClient(url) as client:
+            return await client.generate([5, 6, 7], body["sampling_params"])
+
+    out = asyncio.run(with_client())
+    assert out.output_ids == data["output_ids"] and out.text == expected
+    eos = engine.tokenizer.eos_token_id
+    ended = GenerationResult("r", [5], [9, 10, eos], [-1.0] * 3, [0] * 3, "stop", 1)
+    text = _response(engine, ended, GenerateIn(input_ids=[5]))["text"]
+    assert text == engine.tokenizer.decode([9, 10]) != engine.tokenizer.decode([9, 10, eos])
     info = httpx.get(f"{url}/get_model_info").json()
     assert info["vocab_size"] == engine.vocab_size and info["weight_version"] == 0
     assert info["max_context_length"] == engine.max_seq_len

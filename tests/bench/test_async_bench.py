@@ -1,0 +1,17 @@
+"""``relayrl bench async``'s overlap limit against hand-computed pipeline times."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.bench.async_rl import overlap_limit
+
+
+def test_overlap_limit_counts_the_pipeline_fill():
+    # generation 1 s, training 2 s, 3 steps: one after the other 9 s; a perfect pipeline
+    # generates batch 1 (1 s), then trains 1, 2, 3 (2 s each) while generating 2 and 3: 7 s
+    assert overlap_limit(1.0, 2.0, 3) == pytest.approx(9 / 7)
+    assert overlap_limit(2.0, 1.0, 3) == pytest.approx(9 / 7)  # symmetric: ends with a train
+    assert overlap_limit(1.0, 2.0, None) == pytest.approx(1.5)
+    assert overlap_limit(1.0, 1.0, 1) == pytest.approx(1.0)  # one step overlaps nothing
+    assert overlap_limit(0.72, 1.0, 20) == pytest.approx(20 * 1.72 / (1.72 + 19))
