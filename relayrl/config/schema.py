@@ -177,7 +177,10 @@ class OptimConfig(Section):
     )
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_tokens: int = Field(
-        8192, gt=0, description="token budget of one micro-batch (dynamic batching)"
+        2048,
+        gt=0,
+        description="token budget of one micro-batch (dynamic batching), counted as the "
+        "padded batch computes it: rows × longest sequence",
     )
     ppo_minibatches: int = Field(
         1,

@@ -201,7 +201,8 @@ class RLTrainer:
         return self._logprobs(model, mb)[0]
 
     def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
-        """First-fit-decreasing packs under ``optim.micro_batch_tokens``, collated."""
+        """First-fit-decreasing packs under ``optim.micro_batch_tokens`` (padded cost: each
+        micro-batch is collated right-padded to its longest sequence), collated."""
         plan = pack_micro_batches([t.num_tokens for t in trajs], self.cfg.optim.micro_batch_tokens)
         device = next(self.model.parameters()).device
         return [_collate(trajs, idx, self.pad_id, device) for idx in plan]
