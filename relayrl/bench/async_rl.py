@@ -2,9 +2,9 @@
 
 Both sides train the same config (model, task, B, n, budget, steps) for the same number of
 samples with real rollout server processes, each with its own best thread setting: the
-synchronous side alternates generation and training, so each phase may use both cores
-(server 2 threads, trainer 2 threads); the asynchronous side runs both phases at once, one
-core each. Throughput = trained completion tokens / wall time of the training loop.
+synchronous side alternates generation and training, so each phase may use every core; it
+runs with 1 thread and with every core per phase and the faster run is its baseline. The
+asynchronous side runs both phases at once, one core each. Throughput = trained completion tokens / wall time of the training loop.
 
 ``overlap_limit`` is the speed-up that perfect overlap of the synchronous run's measured
 stage times would give over the run's N steps. A perfect two-stage pipeline still starts
@@ -32,16 +32,15 @@ OWN_MODEL_CONTEXT = 160
 ASYNC_THREADS = {"server": 1, "trainer": 1}
 
 
-def sync_threads(requested: int | None) -> dict[str, int]:
-    """The synchronous side's threads: its phases never overlap, so each may use every
-    core that is free. ``None``: the cores not busy with other work (load average), since
-    on a shared machine two threads on one free core run several times slower than one."""
+def sync_thread_candidates(requested: int | None) -> list[int]:
+    """Thread counts to try for the synchronous side, whose phases never overlap and so may
+    each use every core: ``requested`` alone, or both 1 and every core (the faster run is
+    the baseline: on a small model or a busy machine more threads can be slower)."""
     import os
 
-    if requested is None:
-        cores = os.cpu_count() or 1
-        requested = max(1, min(cores, cores - round(os.getloadavg()[0])))
-    return {"server": requested, "trainer": requested}
+    if requested is not None:
+        return [requested]
+    return sorted({1, os.cpu_count() or 1})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sync-threads",
         type=int,
         default=None,
-        help="threads of each synchronous phase (default: the free cores, by load average)",
+        help="threads of each synchronous phase (default: run with 1 and with every core, "
+        "keep the faster)",
     )
     parser.add_argument(
         "--device", default="cpu", help="torch device of the servers and the trainer (cpu, cuda)"
@@ -77,12 +77,14 @@ def budget(args) -> RunBudget:
     )
 
 
-def _overrides(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> list[str]:
+def _overrides(
+    args, out: Path, model_dir: Path, eta: int, threads: dict[str, int], name: str
+) -> list[str]:
     """The demo's config at ``eta`` with the benchmark's budget and threads, decoupled PPO."""
     own_model = [] if args.model else [f"model.max_context={OWN_MODEL_CONTEXT}"]
     return [
         f"output_dir={out}",
-        f"name=eta{eta}",
+        f"name={name}",
         f"model.path={model_dir}",
         f"model.device={args.device}",
         *own_model,
@@ -137,9 +139,10 @@ def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) ->
     from relayrl.config.loader import load_config
     from relayrl.train.rl import run_train
 
-    config = load_config(None, _overrides(args, out, model_dir, eta, threads))
+    name = f"eta{eta}-threads{threads['trainer']}"
+    config = load_config(None, _overrides(args, out, model_dir, eta, threads, name))
     run_train(config, progress=False)
-    return measure(out / f"eta{eta}")
+    return measure(out / name)
 
 
 def _model_dir(args, out: Path) -> Path:
@@ -167,9 +170,15 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-async-") as tmp:
         out = Path(tmp)
         model_dir = _model_dir(args, out)
-        sync_t = sync_threads(args.sync_threads)
-        sync = _run(args, out, model_dir, 0, sync_t)
+        tried = {
+            n: _run(args, out, model_dir, 0, {"server": n, "trainer": n})
+            for n in sync_thread_candidates(args.sync_threads)
+        }
         asyn = _run(args, out, model_dir, 4, ASYNC_THREADS)
+    for n, result in tried.items():
+        print(f"sync with {n} thread(s) per phase: {result['tokens_per_s']:.1f} tokens/s")
+    best = max(tried, key=lambda n: tried[n]["tokens_per_s"])
+    sync, sync_t = tried[best], {"server": best, "trainer": best}
     steps = budget(args).steps
     limit = overlap_limit(sync["t_gen"], sync["t_train"], steps)
     steady = overlap_limit(sync["t_gen"], sync["t_train"], None)
