@@ -5,12 +5,14 @@ Two tables, every cell a real ``relayrl train`` run (rollout server processes, c
 grading pool, trainer) from one SFT base on the default task, ``--seeds`` seeds each:
 
 1. AReaL Table 2 shape: η ∈ {0, 1, 2, 4, 8, 16} × {naive async (PPO ratio against the stale
-   μ, ``configs/async_naive.yaml``), decoupled PPO (``configs/async_decoupled.yaml``)}:
+   μ, ``configs/async_naive.yaml``), decoupled PPO (``configs/async_decoupled.yaml``),
+   decoupled PPO with AReaL's behaviour-weight cap (``configs/async_decoupled_mask.yaml``)}:
    final held-out pass@1, mean ± std over seeds, and the realised mean staleness.
-2. At η ∈ {4, 8}: naive, decoupled, decoupled with token-level truncated importance
-   sampling (``configs/async_decoupled_tis.yaml``) and D-ARL (``configs/darl.yaml``):
-   final pass@1, the generated samples needed to reach a target pass@1 (sample efficiency,
-   from the periodic evaluations) and the training wall time (evaluation excluded).
+2. At η ∈ {4, 8}: those three, decoupled with token-level truncated importance sampling
+   (``configs/async_decoupled_tis.yaml``) and D-ARL (``configs/darl.yaml``, its window K
+   widened to η + ``darl_k_beyond_eta`` so that something can be replayed): final pass@1,
+   the generated samples needed to reach a target pass@1 (sample efficiency, from the
+   periodic evaluations) and the training wall time (evaluation excluded).
 
 Each finished cell is saved as ``<out>/cells/<cell>.json`` with its settings and reused
 when the command is run again with the same settings, so an interrupted grid resumes.
@@ -44,16 +46,21 @@ PRESETS = {
     "naive": "async_naive.yaml",
     "decoupled": "async_decoupled.yaml",
     "decoupled_tis": "async_decoupled_tis.yaml",
+    "decoupled_mask": "async_decoupled_mask.yaml",
     "darl": "darl.yaml",
 }
 LABELS = {
     "naive": "naive async",
     "decoupled": "decoupled PPO",
     "decoupled_tis": "decoupled PPO + token TIS (C = 2)",
+    "decoupled_mask": "decoupled PPO + mask w > 5",
     "darl": "D-ARL",
 }
-# the methods of the D-ARL comparison (table 2), in table order
-COMPARED = ("naive", "decoupled", "decoupled_tis", "darl")
+# the methods over every η (table 1), and those of the D-ARL comparison (table 2), in order
+OVER_ETA = ("naive", "decoupled", "decoupled_mask")
+COMPARED = ("naive", "decoupled", "decoupled_tis", "decoupled_mask", "darl")
+# Budget fields that shape the grid or only some cells: not part of every cell's settings
+GRID_FIELDS = ("etas", "darl_etas", "seeds", "darl_k_beyond_eta")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +73,10 @@ class Budget(RunBudget):
     darl_warmup: int | None = None  # None: the preset's replay.warmup
     ppo_minibatches: int = 1  # AdamW steps per batch (optim.ppo_minibatches)
     ppo_epochs: int = 1  # passes over them (optim.ppo_epochs)
+    # D-ARL's window at η: replay.k = η + this (None: the preset's k). The buffer keeps
+    # versions ≥ v − k + 1 and fresh samples arrive up to η versions old, so k ≤ η leaves
+    # almost nothing to replay.
+    darl_k_beyond_eta: int | None = 4
 
     def overrides(self) -> list[str]:
         return [
@@ -76,7 +87,11 @@ class Budget(RunBudget):
 
     def run_settings(self) -> dict[str, Any]:
         """The fields that change a single run (not the grid's shape)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("etas", "darl_etas", "seeds")}
+        return {k: v for k, v in asdict(self).items() if k not in GRID_FIELDS}
+
+    def darl_k(self, eta: int) -> int | None:
+        """D-ARL's replay.k at ``eta`` (None: the preset's)."""
+        return None if self.darl_k_beyond_eta is None else eta + self.darl_k_beyond_eta
 
 
 # Full grid. B = 16 prompts × 8 samples, 30 steps, and AReaL's update: each batch is cut
@@ -140,13 +155,8 @@ class Cell:
 
 
 def plan_cells(budget: Budget) -> list[Cell]:
-    """Table 1 cells (every η × naive/decoupled), then D-ARL's extra cells."""
-    cells = [
-        Cell(m, eta, s)
-        for eta in budget.etas
-        for m in ("naive", "decoupled")
-        for s in range(budget.seeds)
-    ]
+    """Table 1 cells (every η × :data:`OVER_ETA`), then D-ARL's extra cells."""
+    cells = [Cell(m, eta, s) for eta in budget.etas for m in OVER_ETA for s in range(budget.seeds)]
     for eta in budget.darl_etas:
         for m in COMPARED:
             for s in range(budget.seeds):
@@ -190,7 +200,10 @@ def preset_path(method: str) -> Path:
 def cell_settings(cell: Cell, budget: Budget, model_dir: Path) -> dict[str, Any]:
     """Everything that determines a cell's run (compared when reusing a saved cell)."""
     preset = preset_path(cell.method).read_text()
-    return {"budget": budget.run_settings(), "model": str(model_dir), "preset": preset}
+    settings = {"budget": budget.run_settings(), "model": str(model_dir), "preset": preset}
+    if cell.method == "darl" and budget.darl_k(cell.eta) is not None:
+        settings["replay_k"] = budget.darl_k(cell.eta)
+    return settings
 
 
 def cell_config(cell: Cell, budget: Budget, model_dir: Path, runs_dir: Path):
@@ -206,6 +219,8 @@ def cell_config(cell: Cell, budget: Budget, model_dir: Path, runs_dir: Path):
     ]
     if cell.method == "darl" and budget.darl_warmup is not None:
         overrides.append(f"replay.warmup={budget.darl_warmup}")
+    if cell.method == "darl" and budget.darl_k(cell.eta) is not None:
+        overrides.append(f"replay.k={budget.darl_k(cell.eta)}")
     return load_config(preset_path(cell.method), overrides)
 
 
@@ -337,20 +352,22 @@ def default_target(
 
 
 def table_eta(cells, etas: Sequence[int]) -> list[str]:
+    """One row per η with every :data:`OVER_ETA` method that has results."""
+    methods = [m for m in OVER_ETA if any((m, eta) in cells for eta in etas)]
+    names = " / ".join(LABELS[m].split(" ")[0] if m == "naive" else m for m in methods)
     lines = [
-        "| η | naive async pass@1 | decoupled PPO pass@1 | realised staleness (naive / decoupled) |",
-        "| --- | --- | --- | --- |",
+        "| η | "
+        + " | ".join(f"{LABELS[m]} pass@1" for m in methods)
+        + f" | realised staleness ({names}) |",
+        "| --- | " + " | ".join("---" for _ in methods) + " | --- |",
     ]
     for eta in etas:
-        naive, dec = cells.get(("naive", eta), []), cells.get(("decoupled", eta), [])
-        if not naive or not dec:
+        runs = [cells.get((m, eta), []) for m in methods]
+        if not all(runs):
             continue
-        stale = f"{mean_std([r.staleness_mean for r in naive])[0]:.2f} / "
-        stale += f"{mean_std([r.staleness_mean for r in dec])[0]:.2f}"
-        lines.append(
-            f"| {eta} | {fmt([r.final_pass for r in naive])} | "
-            f"{fmt([r.final_pass for r in dec])} | {stale} |"
-        )
+        passes = " | ".join(fmt([r.final_pass for r in rs]) for rs in runs)
+        stale = " / ".join(f"{mean_std([r.staleness_mean for r in rs])[0]:.2f}" for rs in runs)
+        lines.append(f"| {eta} | {passes} | {stale} |")
     return lines
 
 
@@ -384,21 +401,24 @@ def table_darl(cells, etas: Sequence[int], target: float | None) -> list[str]:
 def findings(cells, budget: Budget) -> list[str]:
     """Plain statements read off the numbers (no interpretation beyond the comparison)."""
     out = []
-    lo, hi = min(budget.etas), max(budget.etas)
-    naive_lo, naive_hi = cells.get(("naive", lo)), cells.get(("naive", hi))
-    if naive_lo and naive_hi:
-        a, sa = mean_std([r.final_pass for r in naive_lo])
-        b, sb = mean_std([r.final_pass for r in naive_hi])
+    lo = min(budget.etas)
+    for method in OVER_ETA:
+        by_eta = {eta: cells[(method, eta)] for eta in budget.etas if (method, eta) in cells}
+        if lo not in by_eta or len(by_eta) < 2:
+            continue
+        base, base_std = mean_std([r.final_pass for r in by_eta[lo]])
+        worst = min((eta for eta in by_eta if eta != lo), key=lambda e: _mean_pass(by_eta[e]))
+        low, low_std = mean_std([r.final_pass for r in by_eta[worst]])
         verdict = (
             "degrades visibly (the drop exceeds the larger seed std)"
-            if a - b > max(sa, sb, 0.005)
+            if base - low > max(base_std, low_std, 0.005)
             else "does NOT visibly degrade at this budget (a null result for the setting)"
         )
-        out.append(f"- Naive async from η = {lo} to η = {hi}: {a:.3f} → {b:.3f}; it {verdict}.")
-    dec_lo, dec_hi = cells.get(("decoupled", lo)), cells.get(("decoupled", hi))
-    if dec_lo and dec_hi:
-        a, b = (mean_std([r.final_pass for r in x])[0] for x in (dec_lo, dec_hi))
-        out.append(f"- Decoupled PPO from η = {lo} to η = {hi}: {a:.3f} → {b:.3f}.")
+        trend = ", ".join(f"η {eta}: {_mean_pass(rs):.3f}" for eta, rs in by_eta.items())
+        out.append(
+            f"- {LABELS[method]}: {base:.3f} at η = {lo}, lowest {low:.3f} at η = {worst}; "
+            f"it {verdict} ({trend})."
+        )
     for eta in budget.darl_etas:
         darl, dec = cells.get(("darl", eta)), cells.get(("decoupled", eta))
         if darl and dec:
@@ -414,6 +434,10 @@ def findings(cells, budget: Budget) -> list[str]:
     return out
 
 
+def _mean_pass(runs: Sequence[CellResult]) -> float:
+    return statistics.fmean(r.final_pass for r in runs)
+
+
 def darl_summary(budget: Budget) -> str:
     """The D-ARL preset's replay settings as the cells ran them."""
     r = cell_config(Cell("darl", 4, 0), budget, Path("model"), Path("runs")).replay
@@ -421,8 +445,13 @@ def darl_summary(budget: Budget) -> str:
     if r.select == "variance":
         bound = f"q = {r.quantile}" if r.quantile is not None else f"threshold {r.threshold}"
         select = f"variance selection, {bound} of the fresh samples' scores"
+    window = (
+        f"K = η + {budget.darl_k_beyond_eta}"
+        if budget.darl_k_beyond_eta is not None
+        else f"K = {r.k}"
+    )
     return (
-        f"K = {r.k}, {select}, max_reuse {r.max_reuse}, up to {r.batch_fraction} × fresh "
+        f"{window}, {select}, max_reuse {r.max_reuse}, up to {r.batch_fraction} × fresh "
         f"replayed per step, {r.weighting} weights, warm-up {r.warmup} steps"
     )
 
@@ -493,10 +522,13 @@ def write_markdown(
         "- Methods: naive async = `configs/async_naive.yaml` (PPO ratio π_θ/μ against the "
         "stale behaviour policy), decoupled PPO = `configs/async_decoupled.yaml` (behaviour "
         "weight w = π_prox/μ not truncated), decoupled PPO + token TIS = "
-        "`configs/async_decoupled_tis.yaml` (w truncated at 2 per token), D-ARL = "
+        "`configs/async_decoupled_tis.yaml` (w truncated at 2 per token), decoupled PPO + "
+        "mask = `configs/async_decoupled_mask.yaml` (tokens with w > 5 masked out of the "
+        "loss, AReaL's `behav_imp_weight_cap`), D-ARL = "
         f"`configs/darl.yaml` ({darl_summary(budget)}), each at the row's η. D-ARL replays "
-        "only samples whose oldest version is within the last K of the trainer's, so at a "
-        "realised staleness ≥ K − 1 little is replayed (last column of table 2).",
+        "only samples whose oldest version is within the last K of the trainer's; fresh "
+        "samples already arrive up to η versions old, hence K beyond η (last column of "
+        "table 2: the replayed share).",
         *why_budget(budget),
         f"- Sample efficiency: generated samples (B·n per step) until the seed-mean "
         f"pass@1 curve reaches the target {target_text} (halfway from the step-0 pass@1 to "
@@ -539,8 +571,10 @@ def write_plot(path: Path, results: Sequence[CellResult], budget: Budget) -> Non
         1, 1 + len(budget.darl_etas), figsize=(5 * (1 + len(budget.darl_etas)), 4)
     )
     ax = axes[0]
-    for method in ("naive", "decoupled"):
+    for method in OVER_ETA:
         etas = [e for e in budget.etas if (method, e) in cells]
+        if not etas:
+            continue
         stats = [mean_std([r.final_pass for r in cells[(method, e)]]) for e in etas]
         ax.errorbar(
             [str(e) for e in etas],

@@ -19,14 +19,17 @@ def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> 
 
 def test_plan_full_and_quick_grids():
     cells = st.plan_cells(st.FULL)
-    assert len(cells) == len(set(cells)) == 6 * 2 * 3 + 2 * 2 * 3
+    assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 2 * 3
     assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
     assert {c.eta for c in cells if c.method == "decoupled_tis"} == {4, 8}
+    assert len({c.eta for c in cells if c.method == "decoupled_mask"}) == 6
     assert [c.name for c in st.plan_cells(st.QUICK)] == [
         "naive-eta0-seed0",
         "decoupled-eta0-seed0",
+        "decoupled_mask-eta0-seed0",
         "naive-eta4-seed0",
         "decoupled-eta4-seed0",
+        "decoupled_mask-eta4-seed0",
         "decoupled_tis-eta4-seed0",
         "darl-eta4-seed0",
     ]
@@ -42,7 +45,10 @@ def test_cell_configs_follow_the_presets(tmp_path):
     )
     assert naive.optim.lr == st.FULL.lr and naive.train.total_steps == st.FULL.steps
     darl = st.cell_config(st.Cell("darl", 4, 0), st.QUICK, tmp_path / "m", tmp_path)
-    assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4
+    # the window spans the staleness bound plus darl_k_beyond_eta versions
+    assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4 + 4
+    preset_k = replace(st.QUICK, darl_k_beyond_eta=None)
+    assert st.cell_config(st.Cell("darl", 4, 0), preset_k, tmp_path, tmp_path).replay.k == 4
     assert darl.replay.warmup == 1  # quick: replay from the second step
     assert darl.output_dir == str(tmp_path) and darl.name == "darl-eta4-seed0"
     tis = st.cell_config(st.Cell("decoupled_tis", 4, 0), st.FULL, tmp_path / "m", tmp_path)
@@ -52,6 +58,22 @@ def test_cell_configs_follow_the_presets(tmp_path):
         "truncate",
         2.0,
     )
+    mask = st.cell_config(st.Cell("decoupled_mask", 4, 0), st.FULL, tmp_path / "m", tmp_path)
+    assert (mask.algo.is_level, mask.algo.is_mode, mask.algo.is_cap, mask.algo.is_floor) == (
+        "token",
+        "mask",
+        5.0,
+        0.0,
+    )
+
+
+def test_darl_window_is_part_of_darl_cells_settings_only(tmp_path):
+    wider = replace(st.FULL, darl_k_beyond_eta=8)
+    naive = st.Cell("naive", 4, 0)
+    darl = st.Cell("darl", 4, 0)
+    assert st.cell_settings(naive, wider, tmp_path) == st.cell_settings(naive, st.FULL, tmp_path)
+    assert st.cell_settings(darl, st.FULL, tmp_path)["replay_k"] == 8
+    assert st.cell_settings(darl, wider, tmp_path)["replay_k"] == 12
 
 
 def test_read_run_curve_wall_time_and_replay_share(tmp_path):
@@ -86,14 +108,14 @@ def test_grid_resumes_from_saved_cells(tmp_path):
         return result(cell.method, cell.eta, cell.seed, 0.3)
 
     first = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
-    assert calls == ["naive-eta0-seed0", "decoupled-eta0-seed0"]
-    assert "1 runs left, ETA" in lines[1] and "0 runs left" in lines[3]
+    assert calls == ["naive-eta0-seed0", "decoupled-eta0-seed0", "decoupled_mask-eta0-seed0"]
+    assert "2 runs left, ETA" in lines[1] and "0 runs left" in lines[5]
     again = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
-    assert len(calls) == 2 and [r.final_pass for r in again] == [r.final_pass for r in first]
+    assert len(calls) == 3 and [r.final_pass for r in again] == [r.final_pass for r in first]
     st.run_grid(
         cells, replace(budget, lr=budget.lr * 2), tmp_path / "m", tmp_path, runner, lines.append
     )
-    assert len(calls) == 4  # another lr: the saved cells do not apply
+    assert len(calls) == 6  # another lr: the saved cells do not apply
 
 
 def test_summary_numbers_and_results_page(tmp_path):
@@ -121,7 +143,8 @@ def test_summary_numbers_and_results_page(tmp_path):
     assert st.samples_to_target(st.mean_curve(cells[("naive", 4)]), target) is None
     budget = replace(st.FULL, etas=(0, 4), darl_etas=(4,), seeds=2)
     found = "\n".join(st.findings(cells, budget))
-    assert "0.410 → 0.210; it degrades visibly" in found
+    assert "naive async: 0.410 at η = 0, lowest 0.210 at η = 4; it degrades visibly" in found
+    assert "decoupled PPO: 0.410 at η = 0, lowest 0.410 at η = 4; it does NOT" in found
     assert "η = 4: D-ARL 0.450 vs decoupled 0.410, above." in found
 
     md, png = tmp_path / "staleness.md", tmp_path / "staleness.png"
