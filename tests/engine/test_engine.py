@@ -214,6 +214,27 @@ def test_pause_keep_modes_resume_consistently(make_engine, mode):
     assert result.output_ids == reference.output_ids  # same weights, same generator stream
 
 
+def test_retract_requeues_shortest_first_and_counts_the_recomputed_kv(make_engine):
+    engine = make_engine()
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3, ignore_eos=True)
+    reference = engine.generate_batch(PROMPTS[:4], params)
+    before = engine.stats()
+    futures = [engine.submit(p, params) for p in PROMPTS[:4]]
+    wait_for(lambda: engine.stats()["generated_tokens"] >= before["generated_tokens"] + 20)
+    engine.pause("retract")
+    lengths = engine._call(lambda: [len(r.all_ids()) for r in engine._waiting])
+    stats = engine.stats()
+    assert lengths == sorted(lengths) and len(lengths) == 4  # all four, shortest first
+    assert stats["retracted"] - before["retracted"] == 4
+    engine.continue_generation()
+    assert [f.result(timeout=60).output_ids for f in futures] == [r.output_ids for r in reference]
+    after = engine.stats()
+    assert after["reprefill_tokens"] - before["reprefill_tokens"] == sum(lengths)
+    fresh = sum(len(p) for p in PROMPTS[:4])  # the first prefill of each request
+    assert after["prefill_tokens"] - before["prefill_tokens"] == fresh + sum(lengths)
+    assert after["prefill_padded_tokens"] >= after["prefill_tokens"]
+
+
 def test_stops_and_validation(make_engine, tiny_tokenizer):
     engine = make_engine(max_seq_len=64)
     free = engine.generate_batch([PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0))[0]
