@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="cpu", help="torch device of the servers and the trainer (cpu, cuda)"
     )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides for both sides, after the benchmark's own (e.g. "
+        "train.publish_every=2; the η = 0 side caps it at 1)",
+    )
 
 
 def budget(args) -> RunBudget:
@@ -80,7 +87,8 @@ def budget(args) -> RunBudget:
 def _overrides(
     args, out: Path, model_dir: Path, eta: int, threads: dict[str, int], name: str
 ) -> list[str]:
-    """The demo's config at ``eta`` with the benchmark's budget and threads, decoupled PPO."""
+    """The demo's config at ``eta`` with the benchmark's budget and threads, decoupled PPO,
+    then the user's ``KEY=VALUE`` overrides."""
     own_model = [] if args.model else [f"model.max_context={OWN_MODEL_CONTEXT}"]
     return [
         f"output_dir={out}",
@@ -94,6 +102,7 @@ def _overrides(
         "runtime.threads=1",
         "algo.loss=decoupled",
         *budget(args).overrides(),
+        *args.overrides,
     ]
 
 
@@ -110,6 +119,7 @@ def measure(run_dir: Path) -> dict[str, float]:
     wait = sum(r["time_wait_s"] for r in steps) / n
     # the first step also waits for the servers' warm-up; count steps 2.. for stage times
     later = steps[1:] or steps
+    final = next((r for r in rows if r.get("final")), {})
     gen = sum(r["time_wait_s"] for r in later) / len(later)
     return {
         "tokens": float(tokens),
@@ -121,6 +131,9 @@ def measure(run_dir: Path) -> dict[str, float]:
         "staleness_mean": sum(r["staleness_mean"] for r in steps) / n,
         "publish_latency": sum(r.get("publish_latency_s", 0.0) for r in later) / len(later),
         "resubmissions": steps[-1].get("resubmissions", 0.0),
+        # KV the servers recomputed after weight updates (retracted requests), per step
+        "reprefill_tokens": final.get("server_reprefill_tokens", 0.0) / n,
+        "retracted": final.get("server_retracted", 0.0) / n,
         # at η = 0 this is the engine-vs-trainer logprob mismatch alone
         "behav_kl_k3": sum(r.get("behav_kl_k3", 0.0) for r in steps) / n,
     }
@@ -194,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
         f"wait_per_step={asyn['t_wait']:.2f} t_train_per_step={asyn['t_train']:.2f} "
         f"staleness_mean={asyn['staleness_mean']:.2f} "
         f"publish_latency_per_step={asyn['publish_latency']:.2f} "
-        f"resubmissions={asyn['resubmissions']:.0f}"
+        f"resubmissions={asyn['resubmissions']:.0f} "
+        f"retracted_per_step={asyn['retracted']:.0f} "
+        f"reprefill_tokens_per_step={asyn['reprefill_tokens']:.0f}"
     )
     print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
     print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")

@@ -15,3 +15,17 @@ def test_overlap_limit_counts_the_pipeline_fill():
     assert overlap_limit(1.0, 2.0, None) == pytest.approx(1.5)
     assert overlap_limit(1.0, 1.0, 1) == pytest.approx(1.0)  # one step overlaps nothing
     assert overlap_limit(0.72, 1.0, 20) == pytest.approx(20 * 1.72 / (1.72 + 19))
+
+
+def test_user_overrides_reach_both_sides_last(tmp_path):
+    from relayrl.bench.async_rl import _overrides
+    from relayrl.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "async", "--quick", "train.publish_every=2", "rollout.concurrency=0"]
+    )
+    assert args.overrides == ["train.publish_every=2", "rollout.concurrency=0"]
+    for eta in (0, 4):
+        got = _overrides(args, tmp_path, tmp_path / "m", eta, {"server": 1, "trainer": 1}, "x")
+        assert got[-2:] == ["train.publish_every=2", "rollout.concurrency=0"]
+        assert f"rollout.eta={eta}" in got
