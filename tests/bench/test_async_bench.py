@@ -29,3 +29,14 @@ def test_user_overrides_reach_both_sides_last(tmp_path):
         got = _overrides(args, tmp_path, tmp_path / "m", eta, {"server": 1, "trainer": 1}, "x")
         assert got[-2:] == ["train.publish_every=2", "rollout.concurrency=0"]
         assert f"rollout.eta={eta}" in got
+
+
+def test_core_split_limit_uses_the_one_thread_stage_times():
+    from relayrl.bench.async_rl import core_split_limit
+
+    # sync at 2 threads: 0.6 + 0.5 s per step; at 1 thread generation 0.7 s, training 0.8 s:
+    # overlapped on one core each, a step takes at least 0.8 s
+    best = {"t_gen": 0.6, "t_train": 0.5}
+    one = {"t_gen": 0.7, "t_train": 0.8}
+    assert core_split_limit(best, one) == pytest.approx(1.1 / 0.8)
+    assert core_split_limit(one, one) == pytest.approx(1.5 / 0.8)  # = steady overlap limit
