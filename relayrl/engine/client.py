@@ -231,6 +231,12 @@ class RolloutClient:
             await asyncio.gather(*(self._request("GET", u, "/get_model_info") for u in self.urls))
         )
 
+    async def server_info(self) -> list[dict[str, Any]]:
+        """Each server's engine counters (``/get_server_info``), in ``urls`` order."""
+        return list(
+            await asyncio.gather(*(self._request("GET", u, "/get_server_info") for u in self.urls))
+        )
+
     async def pause(self, mode: str = "abort") -> list[Any]:
         """Pause every server; requests aborted by it are resubmitted after ``continue``."""
         self._resumed.clear()

@@ -60,6 +60,22 @@ from relayrl.train.resume import (
 )
 from relayrl.train.trainer import RLTrainer
 
+# engine counters summed over the servers into the final metrics row (``server_<name>``):
+# how much prefill the weight updates cost (KV recomputed for retracted requests)
+SERVER_COUNTERS = ("prefill_tokens", "prefill_padded_tokens", "retracted", "reprefill_tokens")
+
+
+async def server_counters(client: RolloutClient) -> dict[str, float]:
+    """The servers' :data:`SERVER_COUNTERS`, summed; empty when a server does not report
+    them (an external SGLang/vLLM server) or cannot be reached."""
+    try:
+        infos = await client.server_info()
+    except (RolloutServerError, OSError):
+        return {}
+    if not all(isinstance(i, dict) and all(k in i for k in SERVER_COUNTERS) for i in infos):
+        return {}
+    return {f"server_{k}": float(sum(i[k] for i in infos)) for k in SERVER_COUNTERS}
+
 
 @dataclass
 class TrainResult:
@@ -315,6 +331,7 @@ class _Job:
                         "version": self.trainer.version,
                         "final": True,
                         **final,
+                        **await server_counters(client),
                     }
                 )
         except StopRequested:

@@ -3,6 +3,7 @@ held-out pass@1 of a quick SFT model, measured on the same problems with the sam
 
 from __future__ import annotations
 
+import json
 import time
 
 from relayrl.config.loader import load_config
@@ -52,3 +53,9 @@ def test_short_async_run_beats_the_sft_base(tmp_path, sft_model_dir):
     print(f"base_pass@1={base:.3f} final_pass@1={result.final_pass_at_1:.3f} ({seconds:.0f} s)")
     # 150 problems: a standard error of about 0.04 on each side, so +0.1 is no accident
     assert result.final_pass_at_1 >= base + 0.1
+    # the servers' counters reach the final metrics row: publications during generation
+    # retracted running requests, whose prompt + partial output was prefilled again
+    final = json.loads((tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["final"] and final["server_retracted"] > 0
+    assert final["server_reprefill_tokens"] > final["server_retracted"]
+    assert final["server_prefill_padded_tokens"] >= final["server_prefill_tokens"]
