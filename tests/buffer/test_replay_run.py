@@ -31,7 +31,7 @@ def preset_overrides(name: str) -> list[str]:
 
 def test_darl_preset_end_to_end(tmp_path, tiny_model_dir):
     overrides = preset_overrides("darl.yaml")
-    assert "replay.enable=true" in overrides and "replay.k=4" in overrides
+    assert "replay.enable=true" in overrides and "replay.k=8" in overrides
     config = rl_config(
         tmp_path,
         tiny_model_dir,

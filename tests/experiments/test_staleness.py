@@ -48,7 +48,9 @@ def test_cell_configs_follow_the_presets(tmp_path):
     # the window spans the staleness bound plus darl_k_beyond_eta versions
     assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4 + 4
     preset_k = replace(st.QUICK, darl_k_beyond_eta=None)
-    assert st.cell_config(st.Cell("darl", 4, 0), preset_k, tmp_path, tmp_path).replay.k == 4
+    at_eta8 = st.Cell("darl", 8, 0)
+    assert st.cell_config(at_eta8, preset_k, tmp_path, tmp_path).replay.k == 8  # the preset's
+    assert st.cell_config(at_eta8, st.QUICK, tmp_path, tmp_path).replay.k == 12
     assert darl.replay.warmup == 1  # quick: replay from the second step
     assert darl.output_dir == str(tmp_path) and darl.name == "darl-eta4-seed0"
     tis = st.cell_config(st.Cell("decoupled_tis", 4, 0), st.FULL, tmp_path / "m", tmp_path)
