@@ -13,6 +13,8 @@ grading pool, trainer) from one SFT base on the default task, ``--seeds`` seeds 
    widened to η + ``darl_k_beyond_eta`` so that something can be replayed): final pass@1,
    the generated samples needed to reach a target pass@1 (sample efficiency, from the
    periodic evaluations) and the training wall time (evaluation excluded).
+3. At η = 8: D-ARL with one part switched off (no replay, uniform weights, no variance
+   selection; the preset plus one override each), to see which part carries its result.
 
 Each finished cell is saved as ``<out>/cells/<cell>.json`` with its settings and reused
 when the command is run again with the same settings, so an interrupted grid resumes.
@@ -48,6 +50,15 @@ PRESETS = {
     "decoupled_tis": "async_decoupled_tis.yaml",
     "decoupled_mask": "async_decoupled_mask.yaml",
     "darl": "darl.yaml",
+    "darl_noreplay": "darl.yaml",
+    "darl_uniform": "darl.yaml",
+    "darl_noselect": "darl.yaml",
+}
+# D-ARL with one part switched off (table 3): the preset plus these overrides
+ABLATIONS = {
+    "darl_noreplay": ["replay.batch_fraction=0"],
+    "darl_uniform": ["replay.weighting=uniform"],
+    "darl_noselect": ["replay.select=none"],
 }
 LABELS = {
     "naive": "naive async",
@@ -55,13 +66,16 @@ LABELS = {
     "decoupled_tis": "decoupled PPO + token TIS (C = 2)",
     "decoupled_mask": "decoupled PPO + mask w > 5",
     "darl": "D-ARL",
+    "darl_noreplay": "D-ARL without replay (ESS weights over fresh samples only)",
+    "darl_uniform": "D-ARL with uniform weights (replay + selection)",
+    "darl_noselect": "D-ARL without variance selection",
 }
 SHORT = {"naive": "naive", "decoupled": "decoupled", "decoupled_mask": "mask"}
 # the methods over every η (table 1), and those of the D-ARL comparison (table 2), in order
 OVER_ETA = ("naive", "decoupled", "decoupled_mask")
 COMPARED = ("naive", "decoupled", "decoupled_tis", "decoupled_mask", "darl")
 # Budget fields that shape the grid or only some cells: not part of every cell's settings
-GRID_FIELDS = ("etas", "darl_etas", "seeds", "darl_k_beyond_eta")
+GRID_FIELDS = ("etas", "darl_etas", "ablation_etas", "seeds", "darl_k_beyond_eta")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +92,7 @@ class Budget(RunBudget):
     # versions ≥ v − k + 1 and fresh samples arrive up to η versions old, so k ≤ η leaves
     # almost nothing to replay.
     darl_k_beyond_eta: int | None = 4
+    ablation_etas: tuple[int, ...] = ()  # η values of table 3 (D-ARL's parts switched off)
 
     def overrides(self) -> list[str]:
         return [
@@ -110,6 +125,7 @@ FULL = Budget(
     steps=30,
     prompts_per_step=16,
     n_samples=8,
+    ablation_etas=(8,),
     max_new_tokens=80,  # the longest default chains (6 steps) need ~65 tokens
     lr=5e-4,
     ppo_minibatches=4,
@@ -123,6 +139,7 @@ QUICK = replace(
     FULL,
     etas=(0, 4),
     darl_etas=(4,),
+    ablation_etas=(),
     seeds=1,
     steps=4,
     prompts_per_step=4,
@@ -163,6 +180,8 @@ def plan_cells(budget: Budget) -> list[Cell]:
             for s in range(budget.seeds):
                 if Cell(m, eta, s) not in cells:
                     cells.append(Cell(m, eta, s))
+    for eta in budget.ablation_etas:
+        cells += [Cell(m, eta, s) for m in ABLATIONS for s in range(budget.seeds)]
     return cells
 
 
@@ -179,6 +198,9 @@ class CellResult:
     staleness_mean: float
     train_seconds: float
     replayed_frac: float = 0.0
+    # mean over steps of the trained samples' behaviour-vs-proximal k3 KL: how far the
+    # policy moved between generating and training (None in cells saved before it existed)
+    behav_kl: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -202,9 +224,15 @@ def cell_settings(cell: Cell, budget: Budget, model_dir: Path) -> dict[str, Any]
     """Everything that determines a cell's run (compared when reusing a saved cell)."""
     preset = preset_path(cell.method).read_text()
     settings = {"budget": budget.run_settings(), "model": str(model_dir), "preset": preset}
-    if cell.method == "darl" and budget.darl_k(cell.eta) is not None:
+    if is_darl(cell.method) and budget.darl_k(cell.eta) is not None:
         settings["replay_k"] = budget.darl_k(cell.eta)
+    if cell.method in ABLATIONS:
+        settings["ablation"] = ABLATIONS[cell.method]
     return settings
+
+
+def is_darl(method: str) -> bool:
+    return PRESETS[method] == PRESETS["darl"]
 
 
 def cell_config(cell: Cell, budget: Budget, model_dir: Path, runs_dir: Path):
@@ -218,10 +246,11 @@ def cell_config(cell: Cell, budget: Budget, model_dir: Path, runs_dir: Path):
         f"rollout.eta={cell.eta}",
         *budget.overrides(),
     ]
-    if cell.method == "darl" and budget.darl_warmup is not None:
+    if is_darl(cell.method) and budget.darl_warmup is not None:
         overrides.append(f"replay.warmup={budget.darl_warmup}")
-    if cell.method == "darl" and budget.darl_k(cell.eta) is not None:
+    if is_darl(cell.method) and budget.darl_k(cell.eta) is not None:
         overrides.append(f"replay.k={budget.darl_k(cell.eta)}")
+    overrides += ABLATIONS.get(cell.method, [])
     return load_config(preset_path(cell.method), overrides)
 
 
@@ -248,6 +277,7 @@ def read_run(run_dir: Path, cell: Cell, samples_per_step: int) -> CellResult:
         staleness_mean=statistics.fmean(r["staleness_mean"] for r in steps),
         train_seconds=train_s,
         replayed_frac=replayed / trained if trained else 0.0,
+        behav_kl=statistics.fmean(r.get("behav_kl_k3", 0.0) for r in steps),
     )
 
 
@@ -314,6 +344,11 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def fmt(values: Sequence[float], digits: int = 3) -> str:
     mean, std = mean_std(values)
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+
+
+def fmt_known(values: Sequence[float | None], digits: int = 3) -> str:
+    known = [v for v in values if v is not None]
+    return fmt(known, digits) if known else "n/a"
 
 
 def group(results: Sequence[CellResult]) -> dict[tuple[str, int], list[CellResult]]:
@@ -395,6 +430,27 @@ def table_darl(cells, etas: Sequence[int], target: float | None) -> list[str]:
                 f"| {eta} | {LABELS[method]} | {fmt([r.final_pass for r in runs])} | {reach} | "
                 f"{seeds} | {fmt([r.train_seconds for r in runs], 0)} | "
                 f"{fmt([r.replayed_frac for r in runs], 2)} |"
+            )
+    return lines
+
+
+def table_ablation(cells, etas: Sequence[int]) -> list[str]:
+    """D-ARL against itself with one part switched off, and decoupled PPO (all parts off)."""
+    lines = [
+        "| η | method | final pass@1 | behaviour-vs-proximal KL (k3) | replayed share | "
+        "train wall time (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for eta in etas:
+        for method in ("darl", *ABLATIONS, "decoupled"):
+            runs = cells.get((method, eta), [])
+            if not runs:
+                continue
+            lines.append(
+                f"| {eta} | {LABELS[method]} | {fmt([r.final_pass for r in runs])} | "
+                f"{fmt_known([r.behav_kl for r in runs], 4)} | "
+                f"{fmt([r.replayed_frac for r in runs], 2)} | "
+                f"{fmt([r.train_seconds for r in runs], 0)} |"
             )
     return lines
 
@@ -548,6 +604,16 @@ def write_markdown(
         "",
         *table_darl(cells, budget.darl_etas, target),
         "",
+        *(
+            [
+                "## 3. Which part of D-ARL does it (one part switched off)",
+                "",
+                *table_ablation(cells, budget.ablation_etas),
+                "",
+            ]
+            if budget.ablation_etas
+            else []
+        ),
         "## What the numbers say",
         "",
         *(findings(cells, budget) or ["- Not enough cells to compare."]),

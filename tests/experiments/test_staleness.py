@@ -19,7 +19,8 @@ def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> 
 
 def test_plan_full_and_quick_grids():
     cells = st.plan_cells(st.FULL)
-    assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 2 * 3
+    assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 2 * 3 + 3 * 3
+    assert {c.eta for c in cells if c.method in st.ABLATIONS} == {8}
     assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
     assert {c.eta for c in cells if c.method == "decoupled_tis"} == {4, 8}
     assert len({c.eta for c in cells if c.method == "decoupled_mask"}) == 6
@@ -66,6 +67,34 @@ def test_cell_configs_follow_the_presets(tmp_path):
         "mask",
         5.0,
         0.0,
+    )
+
+
+def test_ablation_cells_are_darl_with_one_override(tmp_path):
+    cfg = st.cell_config(st.Cell("darl_uniform", 8, 1), st.FULL, tmp_path / "m", tmp_path)
+    assert cfg.replay.enable and cfg.replay.weighting == "uniform" and cfg.replay.k == 12
+    assert cfg.replay.select == "variance"  # everything else as D-ARL
+    off = st.cell_config(st.Cell("darl_noreplay", 8, 0), st.FULL, tmp_path, tmp_path)
+    assert off.replay.batch_fraction == 0 and off.replay.weighting == "ess"
+    assert (
+        st.cell_config(st.Cell("darl_noselect", 8, 0), st.FULL, tmp_path, tmp_path).replay.select
+        == "none"
+    )
+    settings = st.cell_settings(st.Cell("darl_uniform", 8, 0), st.FULL, tmp_path)
+    assert settings["ablation"] == ["replay.weighting=uniform"] and settings["replay_k"] == 12
+    rows = st.table_ablation(
+        st.group(
+            [
+                result("darl", 8, 0, 0.6, behav_kl=0.03),
+                result("darl", 8, 1, 0.7, behav_kl=0.05),
+                result("darl_uniform", 8, 0, 0.4),  # saved before behav_kl existed
+            ]
+        ),
+        (8,),
+    )
+    assert rows[2] == "| 8 | D-ARL | 0.650 ± 0.071 | 0.0400 ± 0.0141 | 0.00 ± 0.00 | 10 ± 0 |"
+    assert rows[3].startswith(
+        "| 8 | D-ARL with uniform weights (replay + selection) | 0.400 | n/a |"
     )
 
 
