@@ -138,6 +138,8 @@ def measure(run_dir: Path) -> dict[str, float]:
         # KV the servers recomputed after weight updates (retracted requests), per step
         "reprefill_tokens": final.get("server_reprefill_tokens", 0.0) / n,
         "retracted": final.get("server_retracted", 0.0) / n,
+        # running requests that kept their KV across an update (train.publish_mode=inflight)
+        "kept_kv": final.get("server_kept_kv", 0.0) / n,
         # at η = 0 this is the engine-vs-trainer logprob mismatch alone
         "behav_kl_k3": sum(r.get("behav_kl_k3", 0.0) for r in steps) / n,
     }
@@ -224,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         f"publish_latency_per_step={asyn['publish_latency']:.2f} "
         f"resubmissions={asyn['resubmissions']:.0f} "
         f"retracted_per_step={asyn['retracted']:.0f} "
-        f"reprefill_tokens_per_step={asyn['reprefill_tokens']:.0f}"
+        f"reprefill_tokens_per_step={asyn['reprefill_tokens']:.0f} "
+        f"kept_kv_per_step={asyn['kept_kv']:.0f}"
     )
     print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
     print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")

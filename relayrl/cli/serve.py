@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-total-tokens", type=int, default=None)
     parser.add_argument("--max-seq-len", type=int, default=None)
     parser.add_argument("--weight-version", type=int, default=0)
+    parser.add_argument(
+        "--access-log", action="store_true", help="log every HTTP request (default off)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise RelayError(str(exc)) from exc
     engine = Engine.from_pretrained(args.model, options)
     try:
-        serve(engine, args.host, args.port, args.api_key)
+        serve(engine, args.host, args.port, args.api_key, access_log=args.access_log)
     finally:
         engine.shutdown()
     return 0

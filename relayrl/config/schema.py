@@ -197,12 +197,14 @@ class TrainConfig(Section):
     publish_every: int = Field(
         1, gt=0, description="publish weights to the servers every k steps (capped at η + 1)"
     )
-    publish_mode: Literal["retract", "abort"] = Field(
+    publish_mode: Literal["retract", "abort", "inflight"] = Field(
         "retract",
         description="how a publication interrupts generation: retract = load without "
         "pausing, the server re-queues running requests and prefills them again under the "
         "new weights (requests stay open); abort = pause(abort), load, continue, and the "
-        "client resubmits each partial output (any SGLang-style server)",
+        "client resubmits each partial output (any SGLang-style server); inflight = load "
+        "without pausing and running requests keep the KV built under older weights "
+        "(PipelineRL's in-flight update: no re-prefill; relayrl servers only)",
     )
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every N steps (0 = end only)")
     eval_problems: int = Field(

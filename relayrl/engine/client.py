@@ -3,7 +3,8 @@
 Owns: connection pooling (one ``httpx.AsyncClient``), timeouts, retries with exponential
 backoff on connection errors (never on 4xx), round-robin over servers with stickiness (the
 same ``key`` always goes to the same server), broadcasting of pause / continue / weight
-updates to every server, and *resubmission after abort*.
+updates to every server, *resubmission after abort*, and batched generation of a whole group
+in one HTTP exchange (:meth:`RolloutClient.generate_many`).
 
 Transport: plain ``http://`` servers go through :class:`relayrl.engine.http.FastHTTP` (O(1)
 Python work per request; httpx's pool is O(connections²) per request, which with hundreds of
@@ -113,6 +114,12 @@ def _params_dict(sampling_params: SamplingParams | dict[str, Any]) -> dict[str, 
     if isinstance(sampling_params, SamplingParams):
         return asdict(sampling_params)
     return dict(sampling_params)
+
+
+def _wire_params(sampling_params: SamplingParams | dict[str, Any]) -> dict[str, Any]:
+    """Sampling parameters as sent: unset (None) and empty-list fields left out."""
+    params = _params_dict(sampling_params)
+    return {k: v for k, v in params.items() if v is not None and v != []}
 
 
 class RolloutClient:
@@ -249,11 +256,17 @@ class RolloutClient:
             self._resumed.set()
 
     async def update_weights(
-        self, model_path: str, version: int | None = None, urls: list[str] | None = None
+        self,
+        model_path: str,
+        version: int | None = None,
+        urls: list[str] | None = None,
+        keep_kv: bool = False,
     ) -> list[Any]:
         """Load ``model_path`` on every server (or on ``urls``), tagging new tokens with
-        ``version``."""
-        body = {"model_path": str(model_path), "weight_version": version}
+        ``version``; ``keep_kv``: running requests keep their KV (relayrl servers only)."""
+        body: dict[str, Any] = {"model_path": str(model_path), "weight_version": version}
+        if keep_kv:
+            body["keep_kv"] = True
         return await self._broadcast("/update_weights_from_disk", body, urls)
 
     # ------------------------------------------------------------------ generation
@@ -265,11 +278,54 @@ class RolloutClient:
         url: str | None = None,
     ) -> Generation:
         """One ``/generate`` call, no resubmission."""
-        params = _params_dict(sampling_params)
-        params = {k: v for k, v in params.items() if v is not None and v != []}
         url = url or self.server_for(key)
-        body = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": _wire_params(sampling_params),
+            "return_logprob": True,
+        }
         return parse_generation(url, await self._request("POST", url, "/generate", body))
+
+    async def generate_many(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: list[SamplingParams | dict[str, Any]],
+        key: str | None = None,
+    ) -> list[Generation]:
+        """Generate every prompt to completion in one batched ``/generate`` call (SGLang's
+        list form) to one server: one HTTP exchange for a whole group instead of one per
+        sample. Answers that come back aborted are resubmitted one by one; if the server
+        cannot be reached, every prompt goes through :meth:`generate` (its failover)."""
+        if len(input_ids) != len(sampling_params):
+            raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} params")
+        url = self.server_for(key)
+        body = {
+            "input_ids": [list(ids) for ids in input_ids],
+            "sampling_params": [_wire_params(p) for p in sampling_params],
+            "return_logprob": True,
+        }
+        try:
+            answers = await self._request("POST", url, "/generate", body)
+        except RolloutServerError as exc:
+            if not exc.unreachable or self.recover is None:
+                raise
+            return list(
+                await asyncio.gather(
+                    *(
+                        self.generate(i, p, key)
+                        for i, p in zip(input_ids, sampling_params, strict=True)
+                    )
+                )
+            )
+        firsts = [parse_generation(url, answer) for answer in answers]
+        return list(
+            await asyncio.gather(
+                *(
+                    self._complete(ids, _params_dict(p), url, first)
+                    for ids, p, first in zip(input_ids, sampling_params, firsts, strict=True)
+                )
+            )
+        )
 
     async def generate(
         self,
@@ -278,10 +334,21 @@ class RolloutClient:
         key: str | None = None,
     ) -> Generation:
         """Generate to completion, resubmitting after aborts (see the module docstring)."""
-        params = _params_dict(sampling_params)
+        return await self._complete(
+            input_ids, _params_dict(sampling_params), self.server_for(key), None
+        )
+
+    async def _complete(
+        self,
+        input_ids: list[int],
+        params: dict[str, Any],
+        url: str,
+        first: Generation | None,
+    ) -> Generation:
+        """Finish one request on ``url`` from its ``first`` answer (None: not sent yet):
+        resubmit after aborts, fail over when the server is unreachable."""
         budget = int(params.get("max_new_tokens", 128))
         seed = params.get("seed")
-        url = self.server_for(key)
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -290,7 +357,10 @@ class RolloutClient:
             part = dict(params, max_new_tokens=budget - len(ids))
             part["seed"] = continuation_seed(seed, len(ids)) if ids else seed
             try:
-                out = await self.generate_once(list(input_ids) + ids, part, url=url)
+                if first is None:
+                    out = await self.generate_once(list(input_ids) + ids, part, url=url)
+                else:
+                    out, first = first, None
             except RolloutServerError as exc:
                 if not exc.unreachable or self.recover is None:
                     raise

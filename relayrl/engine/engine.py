@@ -12,10 +12,12 @@ and prefill them as one left-padded batch; then decode one token for every runni
 one batched forward. Finished requests leave their slot at once, so a long request never
 blocks the admission of new ones.
 
-Weight updates run between two steps. KV computed under old weights is never reused: every
-running request is *retracted* (its slot freed, it goes back to the head of the queue with
-its partial output) and is prefilled again, prompt + partial output, under the new weights.
-Tokens keep the version of the weights that produced them.
+Weight updates run between two steps. By default KV computed under old weights is never
+reused: every running request is *retracted* (its slot freed, it goes back to the head of the
+queue with its partial output) and is prefilled again, prompt + partial output, under the new
+weights. ``keep_kv=True`` asks for the opposite explicitly (PipelineRL's in-flight update):
+running requests keep their KV and decode on under the new weights. Tokens keep the version
+of the weights that produced them.
 """
 
 from __future__ import annotations
@@ -147,6 +149,8 @@ class Engine:
             "prefill_padded_tokens": 0,
             "retracted": 0,
             "reprefill_tokens": 0,
+            # running requests that kept KV built under older weights (keep_kv updates)
+            "kept_kv": 0,
         }
         self._commands: queue.Queue = queue.Queue()
         self._shutdown = False
@@ -274,17 +278,24 @@ class Engine:
         return self._paused
 
     def update_weights(
-        self, source: str | Path | Mapping[str, torch.Tensor], version: int | None = None
+        self,
+        source: str | Path | Mapping[str, torch.Tensor],
+        version: int | None = None,
+        keep_kv: bool = False,
     ) -> int:
         """Load new weights between two decode steps; returns the new weight version.
 
         ``source``: a safetensors file, a directory of safetensors shards (a Hugging Face
         model directory) or an in-memory state dict. ``version``: the version to tag new tokens
         with (the trainer's optimizer step); None increments the current one. Running
-        requests are retracted and prefilled again under the new weights (no stale KV).
+        requests are retracted and prefilled again under the new weights (no stale KV), unless
+        ``keep_kv``: then they keep the KV of their prompt and earlier tokens, built under
+        older weights, and decode on under the new ones (no re-prefill; counted in
+        ``kept_kv``). Either way the logprobs returned are those of the distribution each
+        token was sampled from.
         """
         state = source if isinstance(source, Mapping) else read_state_dict(source)
-        return self._call(self._update_weights, state, version)
+        return self._call(self._update_weights, state, version, keep_kv)
 
     def stats(self) -> dict[str, Any]:
         """Counters and the sizes of the request tables (read on the loop thread)."""
@@ -383,10 +394,15 @@ class Engine:
     def _set_paused(self, paused: bool) -> None:
         self._paused = paused
 
-    def _update_weights(self, state: Mapping[str, torch.Tensor], version: int | None) -> int:
+    def _update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int | None, keep_kv: bool
+    ) -> int:
         with torch.inference_mode(False):
             load_into(self.model, state)
-        self._retract_all()
+        if keep_kv:
+            self._stats["kept_kv"] += len(self._running)
+        else:
+            self._retract_all()
         self._weight_version = self._weight_version + 1 if version is None else int(version)
         return self._weight_version
 

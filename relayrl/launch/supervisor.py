@@ -46,6 +46,9 @@ HEALTH_EVERY_S = 2.0
 HEALTH_TIMEOUT_S = 5.0
 
 
+PUBLISH_MODES = ("retract", "abort", "inflight")
+
+
 class ServerSupervisor:
     """Restarts the launcher's servers for ``client``; see the module docstring."""
 
@@ -57,8 +60,8 @@ class ServerSupervisor:
         hang_timeout_s: float = 60.0,
         publish_mode: str = "retract",
     ) -> None:
-        if publish_mode not in ("abort", "retract"):
-            raise ValueError(f"publish_mode must be 'abort' or 'retract', got {publish_mode!r}")
+        if publish_mode not in PUBLISH_MODES:
+            raise ValueError(f"publish_mode must be one of {PUBLISH_MODES}, got {publish_mode!r}")
         self.launcher = launcher
         self.client = client
         self.max_restarts = max_restarts
@@ -83,15 +86,19 @@ class ServerSupervisor:
     async def publish(self, path: Path, version: int) -> None:
         """Load ``path`` as ``version`` on every server. ``abort`` mode: pause (aborting
         running requests, which the client resubmits), load, continue; ``retract`` mode:
-        load only, and each server re-queues its running requests itself. A server found
+        load only, and each server re-queues its running requests itself; ``inflight``:
+        load only, running requests keep their KV. A server found
         unreachable on the way is restarted (with these weights) and the publication
         repeated; other errors propagate."""
         async with self._lock:
             self.latest = (Path(path), version)
             while True:
                 try:
-                    if self.publish_mode == "retract":
-                        await self.client.update_weights(str(path), version=version)
+                    if self.publish_mode != "abort":
+                        keep_kv = self.publish_mode == "inflight"
+                        await self.client.update_weights(
+                            str(path), version=version, keep_kv=keep_kv
+                        )
                         return
                     await self.client.pause("abort")
                     try:

@@ -48,6 +48,36 @@ class RewardResult:
     seconds: float = 0.0
 
 
+async def _all_done(futures: Sequence[Future]) -> None:
+    """Wait for every concurrent future, woken once, by the last to finish; cancelling the
+    wait cancels those not yet started."""
+    loop = asyncio.get_running_loop()
+    all_done = loop.create_future()
+    remaining = len(futures)
+    lock = threading.Lock()
+
+    def wake() -> None:
+        if not all_done.done():
+            all_done.set_result(None)
+
+    def one_done(_: Future) -> None:
+        nonlocal remaining
+        with lock:
+            remaining -= 1
+            last = remaining == 0
+        if last:
+            loop.call_soon_threadsafe(wake)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    try:
+        await all_done
+    except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
+        raise
+
+
 def _default_grader(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     from relayrl.rewards.dispatch import grade_detail
 
@@ -143,7 +173,12 @@ class GradingPool:
         return await asyncio.wrap_future(self.submit(problem, completion))
 
     async def score_batch(self, items: Sequence[tuple[Problem, str]]) -> list[RewardResult]:
-        return list(await asyncio.gather(*(self.score(p, c) for p, c in items)))
+        """Asyncio-friendly grades of ``items`` in input order, with one event-loop wake-up
+        for the whole batch rather than one per item (the loop shares the trainer's GIL)."""
+        futures = [self.submit(p, c) for p, c in items]
+        if futures:
+            await _all_done(futures)
+        return [f.result() for f in futures]
 
     def stats(self) -> dict[str, int]:
         """Counts: graded, ok, error, timeout, crash, restarts."""

@@ -25,7 +25,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,8 +51,34 @@ class RewardLike(Protocol):
     status: str
 
 
+# a group's n samples in one call: (prompt ids, one SamplingParams per sample, group key)
+GenerateGroupFn = Callable[
+    [list[int], list[SamplingParams], str], Awaitable[Sequence[GenerationLike]]
+]
 GenerateFn = Callable[[list[int], SamplingParams, str], Awaitable[GenerationLike]]
+# a group's completions graded in one call: (problem, texts) -> one reward per text
+ScoreGroupFn = Callable[[Problem, list[str]], Awaitable[Sequence[RewardLike]]]
 ScoreFn = Callable[[Problem, str], Awaitable[RewardLike]]
+
+
+def per_request(generate: GenerateFn) -> GenerateGroupFn:
+    """A group generator from a one-request generator: the samples run concurrently."""
+
+    async def generate_group(
+        prompt_ids: list[int], params: list[SamplingParams], key: str
+    ) -> list[GenerationLike]:
+        return list(await asyncio.gather(*(generate(prompt_ids, p, key) for p in params)))
+
+    return generate_group
+
+
+def per_item(score: ScoreFn) -> ScoreGroupFn:
+    """A group scorer from a one-completion scorer: the completions are graded concurrently."""
+
+    async def score_group(problem: Problem, texts: list[str]) -> list[RewardLike]:
+        return list(await asyncio.gather(*(score(problem, text) for text in texts)))
+
+    return score_group
 
 
 def request_seed(run_seed: int, prompt_index: int, sample_index: int) -> int:
@@ -200,15 +226,15 @@ class RolloutController:
         self,
         loader: PromptLoader,
         options: ControllerOptions,
-        generate: GenerateFn,
-        score: ScoreFn,
+        generate_group: GenerateGroupFn,
+        score_group: ScoreGroupFn,
         encode: Callable[[Problem], list[int]],
         decode: Callable[[list[int]], str],
         published_version: int = 0,
     ) -> None:
         self.loader = loader
         self.opt = options
-        self._generate, self._score = generate, score
+        self._generate_group, self._score_group = generate_group, score_group
         self._encode, self._decode = encode, decode
         self.published_version = published_version
         self.consumed_version = published_version  # batches handed out (trainer version)
@@ -322,9 +348,7 @@ class RolloutController:
     # ------------------------------------------------------------------ one group
     async def _run_group(self, group: Group) -> None:
         try:
-            samples = await asyncio.gather(
-                *(self._sample(group, j) for j in range(self.opt.n_samples))
-            )
+            samples = await self._generate_and_grade(group)
         except asyncio.CancelledError:
             raise
         except (RelayError, RolloutServerError) as exc:
@@ -348,20 +372,42 @@ class RolloutController:
         if self._consecutive_errors >= self.opt.max_consecutive_errors:
             self.fail(RelayError(f"{self._consecutive_errors} groups failed in a row: {exc}"))
 
-    async def _sample(self, group: Group, j: int) -> tuple[Trajectory, str]:
-        params = SamplingParams(
-            max_new_tokens=self.opt.max_new_tokens,
-            temperature=self.opt.temperature,
-            top_p=self.opt.top_p,
-            seed=request_seed(self.opt.seed, group.prompt_index, j),
-        )
+    async def _generate_and_grade(self, group: Group) -> list[tuple[Trajectory, str]]:
+        """The group's n samples, generated in one call, then graded in one call."""
+        params = [
+            SamplingParams(
+                max_new_tokens=self.opt.max_new_tokens,
+                temperature=self.opt.temperature,
+                top_p=self.opt.top_p,
+                seed=request_seed(self.opt.seed, group.prompt_index, j),
+            )
+            for j in range(self.opt.n_samples)
+        ]
         start = time.perf_counter()
-        gen = await self._generate(group.prompt_ids, params, group.key)
+        gens = await self._generate_group(group.prompt_ids, params, group.key)
         generated = time.perf_counter()
         # the server's detokenised text when it has one (saves a decode in this process)
-        text = getattr(gen, "text", None)
-        text = text if text is not None else self._decode(gen.output_ids)
-        result = await self._score(group.problem, text)
+        texts = [
+            text
+            if (text := getattr(gen, "text", None)) is not None
+            else self._decode(gen.output_ids)
+            for gen in gens
+        ]
+        results = await self._score_group(group.problem, texts)
+        timings = {"generate_s": generated - start, "grade_s": time.perf_counter() - generated}
+        return [
+            (self._trajectory(group, j, gen, result, timings), text)
+            for j, (gen, result, text) in enumerate(zip(gens, results, texts, strict=True))
+        ]
+
+    def _trajectory(
+        self,
+        group: Group,
+        j: int,
+        gen: GenerationLike,
+        result: RewardLike,
+        timings: dict[str, float],
+    ) -> Trajectory:
         self.counters[f"reward_{result.status}"] += 1
         self.counters["resubmissions"] += gen.resubmissions
         self._gen_tokens += len(gen.output_ids)
@@ -373,7 +419,7 @@ class RolloutController:
                 self.opt.overlong_buffer,
                 self.opt.overlong_penalty,
             )
-        traj = Trajectory(
+        return Trajectory(
             prompt_id=group.problem.id,
             group_id=group.key,
             sample_index=j,
@@ -385,9 +431,8 @@ class RolloutController:
             finish_reason=gen.finish_reason,
             reward=reward,
             reward_status=result.status,
-            timings={"generate_s": generated - start, "grade_s": time.perf_counter() - generated},
+            timings=dict(timings),
         )
-        return traj, text
 
     def _finish_group(self, group: Group) -> None:
         rewards = [t.reward for t in group.trajectories]

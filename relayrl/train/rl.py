@@ -62,7 +62,13 @@ from relayrl.train.trainer import RLTrainer
 
 # engine counters summed over the servers into the final metrics row (``server_<name>``):
 # how much prefill the weight updates cost (KV recomputed for retracted requests)
-SERVER_COUNTERS = ("prefill_tokens", "prefill_padded_tokens", "retracted", "reprefill_tokens")
+SERVER_COUNTERS = (
+    "prefill_tokens",
+    "prefill_padded_tokens",
+    "retracted",
+    "reprefill_tokens",
+    "kept_kv",
+)
 
 
 async def server_counters(client: RolloutClient) -> dict[str, float]:
@@ -293,8 +299,9 @@ class _Job:
         controller = RolloutController(
             self.loader,
             ControllerOptions.from_config(cfg),
-            lambda ids, params, key: client.generate(ids, params, key=key),
-            self.pool.score,
+            # one HTTP exchange per group (its n samples as one batched /generate)
+            lambda ids, params, key: client.generate_many([ids] * len(params), params, key=key),
+            lambda problem, texts: self.pool.score_batch([(problem, t) for t in texts]),
             self.encode,
             self.decode,
         )

@@ -49,6 +49,22 @@ def recompute_logprobs(
     return logprobs.gather(-1, torch.tensor(output)[:, None]).squeeze(-1).tolist()
 
 
+def kept_kv_logprobs(
+    old_model, new_model, prompt: list[int], output: list[int], n_old: int, temperature: float
+) -> list[float]:
+    """Logprobs of ``output[n_old:]`` as an in-flight update (``keep_kv``) produces them: the
+    KV of ``prompt + output[:n_old - 1]`` from the old model (the last old token was sampled
+    but not yet fed), everything after it fed through the new model on top of that cache."""
+    t = temperature if temperature > 0 else 1.0
+    prefix = prompt + output[: n_old - 1]
+    with torch.no_grad():
+        past = old_model(torch.tensor([prefix]), use_cache=True).past_key_values
+        rest = torch.tensor([output[n_old - 1 : -1]])
+        logits = new_model(rest, past_key_values=past, use_cache=True).logits[0].float()
+    logprobs = torch.log_softmax(logits / t, dim=-1)
+    return logprobs.gather(-1, torch.tensor(output[n_old:])[:, None]).squeeze(-1).tolist()
+
+
 def perturbed_state(model, seed: int = 1, scale: float = 0.05) -> dict[str, torch.Tensor]:
     """A different but same-shaped set of weights."""
     g = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ import torch
 
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
-from tests.engine.conftest import perturbed_state, recompute_logprobs
+from tests.engine.conftest import kept_kv_logprobs, perturbed_state, recompute_logprobs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], list(range(20, 37)), [30], [31, 32, 33]]
 
@@ -152,6 +152,34 @@ def test_weight_update_versions_and_kv_recompute(make_engine, tiny_model):
     assert max(abs(a - b) for a, b in zip(old_ref[:n_old], lp[:n_old], strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(new_ref[n_old:], lp[n_old:], strict=True)) < 1e-4
     assert engine.update_weights(new_state) == 8  # None increments
+
+
+def test_inflight_update_keeps_the_old_kv(make_engine, tiny_model):
+    """keep_kv (PipelineRL's in-flight update): nothing is retracted or prefilled again; the
+    tokens after the update are sampled from the new weights attending to the KV the old
+    weights built, and their logprobs are exactly that distribution's."""
+    old_model = copy.deepcopy(tiny_model)
+    engine = make_engine(max_running_requests=4)
+    params = SamplingParams(max_new_tokens=120, temperature=1.0, seed=3, ignore_eos=True)
+    future = engine.submit(PROMPTS[2], params)
+    wait_for(lambda: engine.stats()["generated_tokens"] >= 5)
+    before = engine.stats()
+    new_state = perturbed_state(tiny_model)
+    assert engine.update_weights(new_state, version=7, keep_kv=True) == 7
+    result = future.result(timeout=120)
+    stats = engine.stats()
+    assert stats["kept_kv"] - before["kept_kv"] == 1
+    assert stats["retracted"] == before["retracted"] and stats["reprefill_tokens"] == 0
+    n_old = result.output_versions.count(0)
+    assert 5 <= n_old < 120 and result.output_versions == [0] * n_old + [7] * (120 - n_old)
+    lp = result.output_logprobs
+    old_ref = recompute_logprobs(old_model, PROMPTS[2], result.output_ids, 1.0)
+    kept = kept_kv_logprobs(old_model, tiny_model, PROMPTS[2], result.output_ids, n_old, 1.0)
+    full = recompute_logprobs(tiny_model, PROMPTS[2], result.output_ids, 1.0)[n_old:]
+    assert max(abs(a - b) for a, b in zip(old_ref[:n_old], lp[:n_old], strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(kept, lp[n_old:], strict=True)) < 1e-4
+    # and that is not what a recompute under the new weights gives: the old KV was used
+    assert max(abs(a - b) for a, b in zip(full, lp[n_old:], strict=True)) > 1e-3
 
 
 def test_weight_update_from_disk(make_engine, tiny_model, tmp_path):

@@ -15,7 +15,7 @@ from relayrl.engine.client import RolloutClient, RolloutServerError, continuatio
 from relayrl.engine.server import GenerateIn, ServerThread, _response, check_bind, create_app
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.errors import RelayError
-from tests.engine.conftest import perturbed_state, recompute_logprobs
+from tests.engine.conftest import kept_kv_logprobs, perturbed_state, recompute_logprobs
 
 
 @pytest.fixture
@@ -145,13 +145,19 @@ def test_client_names_the_down_server_and_routes_sticky(served):
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("mode", ["abort", "retract"])
-def test_interrupted_request_keeps_a_consistent_trajectory(served, tiny_model, tmp_path, mode):
-    """A weight update in the middle of a request, as the two publication modes do it:
-    ``abort`` (pause, load, continue; the client resubmits the partial output) and
-    ``retract`` (load only; the server re-queues the request and prefills it again). Either
-    way the old tokens keep version 0 and the old policy's logprobs, the rest are version 5
-    with the new policy's."""
+@pytest.mark.parametrize(
+    ("mode", "batched"), [("abort", False), ("abort", True), ("retract", False), ("inflight", True)]
+)
+def test_interrupted_request_keeps_a_consistent_trajectory(
+    served, tiny_model, tmp_path, mode, batched
+):
+    """A weight update in the middle of a request, as the three publication modes do it:
+    ``abort`` (pause, load, continue; the client resubmits the partial output), ``retract``
+    (load only; the server re-queues the request and prefills it again) and ``inflight``
+    (load only; the request keeps its KV). Every way the old tokens keep version 0 and the
+    old policy's logprobs, the rest are version 5 with the new policy's (for ``inflight``:
+    the new weights over the old KV). ``batched``: sent as a one-prompt batch
+    (``generate_many``), whose aborted answers are resubmitted one by one."""
     old_model = copy.deepcopy(tiny_model)
     new_model = copy.deepcopy(tiny_model)
     new_model.load_state_dict(perturbed_state(tiny_model), strict=False)
@@ -162,11 +168,16 @@ def test_interrupted_request_keeps_a_consistent_trajectory(served, tiny_model, t
 
     async def scenario():
         async with RolloutClient(url) as client:
-            task = asyncio.create_task(client.generate(prompt, params, key="g0"))
+            if batched:
+                many = client.generate_many([prompt], [params], key="g0")
+                task = asyncio.create_task(many)
+            else:
+                task = asyncio.create_task(client.generate(prompt, params, key="g0"))
             while engine.stats()["generated_tokens"] < 10:
                 await asyncio.sleep(0.01)
-            if mode == "retract":
-                await client.update_weights(str(tmp_path / "v5"), version=5)
+            if mode != "abort":
+                keep_kv = mode == "inflight"
+                await client.update_weights(str(tmp_path / "v5"), version=5, keep_kv=keep_kv)
                 return await task
             await client.pause("abort")
             await client.update_weights(str(tmp_path / "v5"), version=5)
@@ -176,6 +187,7 @@ def test_interrupted_request_keeps_a_consistent_trajectory(served, tiny_model, t
             return await task
 
     out = asyncio.run(scenario())
+    out = out[0] if batched else out
     n = len(out.output_ids)
     assert n == len(out.output_logprobs) == len(out.output_versions) == budget
     assert out.finish_reason == "length"
@@ -183,17 +195,58 @@ def test_interrupted_request_keeps_a_consistent_trajectory(served, tiny_model, t
     n_old = out.output_versions.count(0)
     assert 10 <= n_old < budget and out.output_versions == [0] * n_old + [5] * (budget - n_old)
     old_ref = recompute_logprobs(old_model, prompt, out.output_ids, 1.0)
-    new_ref = recompute_logprobs(new_model, prompt, out.output_ids, 1.0)
+    if mode == "inflight":
+        new_ref = kept_kv_logprobs(old_model, new_model, prompt, out.output_ids, n_old, 1.0)
+    else:
+        new_ref = recompute_logprobs(new_model, prompt, out.output_ids, 1.0)[n_old:]
     assert (
         max(abs(a - b) for a, b in zip(old_ref[:n_old], out.output_logprobs[:n_old], strict=True))
         < 1e-4
     )
-    assert (
-        max(abs(a - b) for a, b in zip(new_ref[n_old:], out.output_logprobs[n_old:], strict=True))
-        < 1e-4
-    )
+    assert max(abs(a - b) for a, b in zip(new_ref, out.output_logprobs[n_old:], strict=True)) < 1e-4
+    assert engine.stats()["kept_kv"] == (1 if mode == "inflight" else 0)
     if mode == "abort":
         assert continuation_seed(11, n_old) not in (None, 11)
+    assert engine.stats()["num_requests"] == 0
+
+
+def test_batched_generate_answers_each_prompt_as_alone(served):
+    """SGLang's list form: one answer per prompt, in order, each what the same request
+    alone gives (seeded); a field of the wrong length or a bad prompt is a 400 naming it,
+    and the client's generate_many goes through it."""
+    engine, url = served()
+    prompts = [[5, 6, 7], [9, 8], [5, 6, 7]]
+    params = [
+        {"max_new_tokens": 5, "temperature": 1.0, "seed": s, "ignore_eos": True} for s in (1, 2, 3)
+    ]
+    alone = [
+        httpx.post(
+            f"{url}/generate", json={"input_ids": p, "sampling_params": sp}, timeout=30
+        ).json()
+        for p, sp in zip(prompts, params, strict=True)
+    ]
+    body = {"input_ids": prompts, "sampling_params": params, "return_logprob": True}
+    batch = httpx.post(f"{url}/generate", json=body, timeout=30).json()
+    assert [a["output_ids"] for a in batch] == [a["output_ids"] for a in alone]
+    assert all(len(a["meta_info"]["output_token_logprobs"]) == 5 for a in batch)
+    assert alone[0]["output_ids"] != alone[2]["output_ids"]  # the seeds matter
+
+    shared = httpx.post(
+        f"{url}/generate", json={"input_ids": prompts[:2], "sampling_params": params[0]}
+    ).json()
+    assert [len(a["output_ids"]) for a in shared] == [5, 5]
+    short = httpx.post(f"{url}/generate", json={**body, "sampling_params": params[:2]})
+    assert short.status_code == 400 and "sampling_params: 2 entries for 3" in short.text
+    bad = httpx.post(f"{url}/generate", json={**body, "input_ids": [[5], [10**7], [6]]})
+    assert bad.status_code == 400 and "input_ids[1]" in bad.text
+
+    async def with_client():
+        async with RolloutClient(url) as client:
+            return await client.generate_many(prompts, params, key="g")
+
+    outs = asyncio.run(with_client())
+    assert [o.output_ids for o in outs] == [a["output_ids"] for a in alone]
+    assert all(o.text == a["text"] for o, a in zip(outs, alone, strict=True))
     assert engine.stats()["num_requests"] == 0
 
 

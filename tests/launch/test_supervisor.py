@@ -88,8 +88,10 @@ class FakeClient:
         self.calls.append("continue")
         await self._check(list(self.launcher.urls))
 
-    async def update_weights(self, path: str, version: int, urls: list[str] | None = None):
-        self.calls.append(f"load:{version}")
+    async def update_weights(
+        self, path: str, version: int, urls: list[str] | None = None, keep_kv: bool = False
+    ):
+        self.calls.append(f"load:{version}" + (":keep_kv" if keep_kv else ""))
         for url in urls or list(self.launcher.urls):
             await self._check([url])
             self.loaded.append((url, path, version))
@@ -126,10 +128,15 @@ def test_many_failed_requests_make_one_restart_with_the_latest_weights():
 
 @pytest.mark.parametrize(
     ("mode", "calls"),
-    [("retract", ["load:4"]), ("abort", ["pause:abort", "load:4", "continue"])],
+    [
+        ("retract", ["load:4"]),
+        ("inflight", ["load:4:keep_kv"]),
+        ("abort", ["pause:abort", "load:4", "continue"]),
+    ],
 )
 def test_publication_modes_send_the_right_calls(mode, calls):
-    """retract: one load (the servers re-queue running requests themselves); abort: pause
+    """retract: one load (the servers re-queue running requests themselves); inflight: one
+    load with keep_kv (running requests keep their KV); abort: pause
     with abort, load, continue (the client resubmits the aborted requests)."""
     launcher = FakeLauncher(2)
     client = FakeClient(launcher)

@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from relayrl.rewards.pool import GradingPool
 from relayrl.tasks.base import Problem
 from tests.rewards._graders import behave
@@ -37,6 +39,32 @@ def test_async_api() -> None:
 
     with GradingPool(workers=1, timeout_s=5.0, grader=behave) as pool:
         assert asyncio.run(main(pool)) == [1.0, 1.0, 0.0]
+
+
+def test_score_batch_keeps_order_and_cancels_unstarted_items() -> None:
+    """One wake-up per batch: results in input order with their statuses; cancelling the
+    wait drops the items still queued (one worker, stuck on a hung item)."""
+
+    async def main(pool: GradingPool):
+        mixed = await pool.score_batch([(P, "raise"), (P, "42"), (P, "7")])
+        assert await pool.score_batch([]) == []
+        task = asyncio.create_task(pool.score_batch([(P, "hang")] + [(P, "42")] * 3))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return mixed
+
+    with GradingPool(workers=1, timeout_s=1.0, grader=behave) as pool:
+        mixed = asyncio.run(main(pool))
+        deadline = time.monotonic() + 10
+        while pool.stats()["timeout"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        stats = pool.stats()
+    assert [r.status for r in mixed] == ["error", "ok", "ok"]
+    assert [r.reward for r in mixed] == [0.0, 1.0, 0.0]
+    assert stats["graded"] == 4 and stats["timeout"] == 1  # the 3 queued items never ran
 
 
 def test_default_grader_routes_by_problem() -> None:

@@ -16,6 +16,8 @@ from relayrl.rollout.controller import (
     PromptLoader,
     RolloutController,
     admission_capacity,
+    per_item,
+    per_request,
     request_seed,
 )
 from relayrl.tasks.base import Problem
@@ -73,8 +75,8 @@ def make_controller(servers, options, score, probs=None) -> RolloutController:
     return RolloutController(
         PromptLoader(probs or problems(), seed=3),
         options,
-        servers.generate,
-        scorer,
+        per_request(servers.generate),
+        per_item(scorer),
         encode=lambda p: [1] * len(p.prompt),
         decode=lambda ids: " ".join(map(str, ids)),
     )
@@ -199,7 +201,7 @@ def test_generation_error_rejects_the_group_only():
 
     options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
-    ctrl._generate = flaky
+    ctrl._generate_group = per_request(flaky)
     assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
 
