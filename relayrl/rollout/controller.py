@@ -3,7 +3,9 @@ and hands complete, graded groups to the trainer in admission order.
 
 Owns: :class:`PromptLoader` (seeded, resumable order over the train prompts),
 :func:`request_seed`, :func:`admission_capacity` (the bound) and :class:`RolloutController`
-(asyncio: admission loop, one task per group, grading, DAPO filtering, batches).
+(asyncio: admission loop, one task per group, grading, DAPO filtering, batches). A group is
+generated in one call (its n samples, each with its own seed) and graded in one call;
+:func:`per_request` and :func:`per_item` adapt one-sample callables to that.
 
 Admission (AReaL): with B prompts per step, published weight version p and bound η, a new
 group is admitted only while ``accepted + running < (p + η + 1)·B`` (and the concurrency
