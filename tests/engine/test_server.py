@@ -252,23 +252,36 @@ def test_batched_generate_answers_each_prompt_as_alone(served):
 
 def test_burst_and_disconnects_leave_no_leaked_requests(served):
     engine, url = served(max_running_requests=64)
-
-    async def disconnecting_client():
-        body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
-        async with httpx.AsyncClient(timeout=0.3) as http:
-            with pytest.raises(httpx.ReadTimeout):
-                await http.post(f"{url}/generate", json=body)
+    long_body = {
+        "input_ids": [5, 6],
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    }
 
     async def scenario():
-        async with RolloutClient(url, max_connections=100) as client:
-            burst = [
-                client.generate(
-                    [3 + i % 50, 4], {"max_new_tokens": 3, "temperature": 0.8, "seed": i}
-                )
-                for i in range(500)
+        # Eight long requests are admitted first, then dropped by their clients half-way
+        # through a burst of 500 short ones (dropping on a timer instead flakes under load).
+        async with httpx.AsyncClient(timeout=60) as http:
+            doomed = [
+                asyncio.create_task(http.post(f"{url}/generate", json=long_body)) for _ in range(8)
             ]
-            results = await asyncio.gather(*burst, *(disconnecting_client() for _ in range(8)))
-        outs = results[:500]
+            while engine.stats()["num_requests"] < 8:
+                await asyncio.sleep(0.01)
+            async with RolloutClient(url, max_connections=100) as client:
+                burst = [
+                    asyncio.create_task(
+                        client.generate(
+                            [3 + i % 50, 4], {"max_new_tokens": 3, "temperature": 0.8, "seed": i}
+                        )
+                    )
+                    for i in range(500)
+                ]
+                for done, next_result in enumerate(asyncio.as_completed(burst), start=1):
+                    await next_result
+                    if done == 250:
+                        for task in doomed:
+                            task.cancel()
+                outs = [task.result() for task in burst]
+            assert all(task.cancelled() for task in doomed)
         assert all(1 <= len(o.output_ids) <= 3 and o.finish_reason != "abort" for o in outs)
 
     asyncio.run(scenario())
