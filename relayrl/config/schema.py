@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from relayrl.algo.advantages import advantage_estimator
+from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -136,26 +139,30 @@ class RolloutConfig(Section):
 
 
 class AlgoConfig(Section):
-    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp_baseline"] = Field(
-        "grpo", description="group advantage estimator"
+    advantage: str = Field(
+        "grpo",
+        description="advantage estimator, a name registered in relayrl.algo.advantages."
+        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline, or your own "
+        "(docs/extending.md)",
     )
-    loss: Literal["ppo", "decoupled"] = Field(
+    loss: str = Field(
         "decoupled",
-        description="ppo: ratio π_θ/μ (sync PPO at η=0, naive async above); decoupled: AReaL's "
-        "w·min(u·A, clip(u)·A) with u = π_θ/π_prox, w = π_prox/μ",
+        description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
+        "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
+        "with u = π_θ/π_prox, w = π_prox/μ; or your own (docs/extending.md)",
     )
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
-    is_level: Literal["none", "token", "sequence", "geometric"] = Field(
+    is_level: ISLevel = Field(
         "none", description="rollout importance correction of w (decoupled loss only)"
     )
-    is_mode: Literal["truncate", "mask"] = Field("truncate", description="truncate or mask w")
+    is_mode: ISMode = Field("truncate", description="truncate or mask w")
     is_cap: float = Field(2.0, gt=0, description="upper bound C of the importance weight")
     is_floor: float | None = Field(None, description="lower bound for mask mode (null = 1/C)")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "seq_sum"] = Field(
+    kl_estimator: KLEstimator = "k3"
+    aggregation: Aggregation = Field(
         "token_mean", description="global normaliser of the step (seq_sum: Dr.GRPO)"
     )
     overlong_buffer: int = Field(
@@ -165,6 +172,18 @@ class AlgoConfig(Section):
     dynamic_sampling: bool = Field(
         True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _registered_loss(cls, name: str) -> str:
+        loss_class(name)  # a ValueError names the registered losses
+        return name
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, name: str) -> str:
+        advantage_estimator(name)
+        return name
 
 
 class OptimConfig(Section):

@@ -150,6 +150,15 @@ class PromptLoader:
         self._order = self._epoch_order(self.epoch)
 
 
+def assign_advantages(groups: Sequence[Sequence[Trajectory]], method: str) -> None:
+    """Set every sample's ``advantage`` from the groups' rewards: the one place advantages
+    are computed (``relayrl.algo.advantages``), over the whole training batch."""
+    rewards = [[t.reward for t in g] for g in groups]
+    for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
+        for traj, adv in zip(group, advantages, strict=True):
+            traj.advantage = adv
+
+
 @dataclass
 class ControllerOptions:
     """What the controller needs from the run config (see ``RolloutConfig``/``AlgoConfig``)."""
@@ -451,10 +460,6 @@ class RolloutController:
                 )
             return
         self._filtered_in_row = 0
-        if self.opt.advantage != "reinforce_pp_baseline":  # needs the whole batch: trainer
-            advantages = compute_advantages([rewards], self.opt.advantage)[0]  # type: ignore[arg-type]
-            for traj, adv in zip(group.trajectories, advantages, strict=True):
-                traj.advantage = adv
         group.status = "ready"
         del self._running[group.index]
         self.accepted += 1
@@ -476,7 +481,8 @@ class RolloutController:
         return all(self._pending[i].status == "ready" for i in range(b))
 
     async def next_batch(self) -> list[Group]:
-        """The next B groups in admission order, once all of them are complete."""
+        """The next B groups in admission order, once all of them are complete, with the
+        advantages of their samples computed over the batch (one estimator call)."""
         assert self._batch_wake is not None, "call start() first"
         while True:
             self._batch_wake.clear()
@@ -484,6 +490,7 @@ class RolloutController:
                 raise self._fatal
             if self._head_ready():
                 batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
+                assign_advantages([g.trajectories for g in batch], self.opt.advantage)
                 self.consumed_version += 1
                 self._notify()
                 return batch

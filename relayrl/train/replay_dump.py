@@ -5,8 +5,8 @@ in ``samples.jsonl`` (``Trajectory.to_dict``: token ids, behaviour logprobs, ver
 reward, advantage), one row per sample in training order. This module reads them back —
 grouped by step, and by group within a step, in the order they were trained — and feeds
 them to the same :class:`RLTrainer`: no rollout server, no grading pool; the recorded
-rewards and advantages are used as they are (REINFORCE++-baseline recomputes its batch
-normalisation from the recorded rewards, exactly as the trainer did). With the recorded
+rewards and advantages are used as they are (the rollout controller computed them over
+each batch; the trainer only consumes them). With the recorded
 config and starting weights the updates are the recorded run's, bit for bit
 (tests/train/test_replay.py); change ``algo.*`` or ``optim.*`` to compare objectives on
 identical data.
