@@ -1,11 +1,11 @@
 """The extension seams, used from outside the package as a user would: a new policy loss, a
-new advantage estimator, a new task and a new grader are each one class (or function) plus
-one registry line, and the rest of relayrl picks them up by name."""
+new advantage estimator, a new task, a new grader and a new rollout workflow are each one
+class (or function) plus one registry line, and the rest of relayrl picks them up by name."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -23,11 +23,21 @@ from relayrl.algo.losses import (
 from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
 from relayrl.rewards.dispatch import GRADERS, grade_detail, register_grader
-from relayrl.rollout.controller import assign_advantages
+from relayrl.rollout.controller import ControllerOptions, assign_advantages
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.workflow import (
+    WORKFLOWS,
+    GroupRequest,
+    RolloutServices,
+    RolloutWorkflow,
+    Sample,
+    register_workflow,
+    trajectory_of,
+)
 from relayrl.tasks.base import Problem, SyntheticTask
 from relayrl.tasks.registry import TASKS, make_task, register_task
 from tests.buffer.test_replay_training import make_trainer, params, synthetic_groups
+from tests.rollout.test_controller import FakeReward, FakeServers, make_controller, one_batch
 
 
 class VanillaPG(PolicyLoss):
@@ -158,3 +168,42 @@ def test_a_registered_task_and_grader_work_by_name():
         GRADERS.pop("test_word")
     with pytest.raises(RelayError, match="unknown grader 'test_word'"):
         grade_detail(problems[0], "#### even")
+
+
+class GreedyFirstWorkflow(RolloutWorkflow):
+    """Sample 0 of every group at temperature 0, the rest as asked; reward = 1 for an even
+    number of completion tokens."""
+
+    name = "test_greedy_first"
+
+    async def run_group(self, request: GroupRequest, services: RolloutServices) -> list[Sample]:
+        sampling = [replace(request.sampling[0], temperature=0.0), *request.sampling[1:]]
+        gens = await services.generate_group(request.prompt_ids, sampling, request.key)
+        self.temperatures = [p.temperature for p in sampling]
+        samples = []
+        for j, gen in enumerate(gens):
+            grade = FakeReward(float(len(gen.output_ids) % 2 == 0))
+            samples.append(Sample(trajectory_of(request, j, gen, grade, {}), "", 0))
+        return samples
+
+
+def test_a_registered_workflow_runs_under_the_controller():
+    register_workflow(GreedyFirstWorkflow)
+    try:
+        config = load_config(None, [f"rollout.workflow={GreedyFirstWorkflow.name}"])
+        workflow = WORKFLOWS.lookup(config.rollout.workflow)()
+        options = ControllerOptions(
+            n_samples=3, prompts_per_step=2, eta=0, max_new_tokens=8, temperature=0.7
+        )
+        servers = FakeServers(random.Random(0))
+        ctrl = make_controller(servers, options, lambda p, t: FakeReward(0.0))
+        ctrl.workflow = workflow
+        batch = one_batch(ctrl)
+    finally:
+        WORKFLOWS.pop(GreedyFirstWorkflow.name)
+    assert workflow.temperatures == [0.0, 0.7, 0.7]
+    for group in batch:
+        rewards = [t.reward for t in group.trajectories]
+        assert rewards == [float(len(t.completion_ids) % 2 == 0) for t in group.trajectories]
+        # the controller still computes advantages over the batch
+        assert sum(t.advantage for t in group.trajectories) == pytest.approx(0.0, abs=1e-6)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.rollout.workflow import WORKFLOWS
 
 
 class Section(BaseModel):
@@ -87,6 +88,12 @@ class RuntimeConfig(Section):
 
 
 class RolloutConfig(Section):
+    workflow: str = Field(
+        "single_turn",
+        description="rollout workflow, a name registered in relayrl.rollout.workflow.WORKFLOWS: "
+        "what one admitted prompt becomes (single_turn: n completions generated and graded "
+        "in one call each; docs/extending.md)",
+    )
     n_samples: int = Field(8, gt=0, description="completions per prompt (one group)")
     prompts_per_step: int = Field(
         16, gt=0, description="B: groups (prompts) per training step; a step trains B·n samples"
@@ -136,6 +143,12 @@ class RolloutConfig(Section):
     server_hang_timeout_s: float = Field(
         60.0, gt=0, description="a live server process not answering /health this long is hung"
     )
+
+    @field_validator("workflow")
+    @classmethod
+    def _registered_workflow(cls, name: str) -> str:
+        WORKFLOWS.lookup(name)
+        return name
 
 
 class AlgoConfig(Section):

@@ -45,7 +45,9 @@ from relayrl.errors import RelayError
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rewards.pool import Grader
-from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
+from relayrl.rollout.controller import ControllerOptions, RolloutController
+from relayrl.rollout.prompts import PromptLoader
+from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.dashboard import Dashboard
@@ -304,6 +306,7 @@ class _Job:
             lambda problem, texts: self.pool.score_batch([(problem, t) for t in texts]),
             self.encode,
             self.decode,
+            workflow=WORKFLOWS.lookup(cfg.rollout.workflow)(),
         )
         first = self.steps_done = await self._resume(controller)
         controller.start()

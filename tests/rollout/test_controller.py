@@ -13,13 +13,12 @@ import pytest
 from relayrl.engine.types import SamplingParams
 from relayrl.rollout.controller import (
     ControllerOptions,
-    PromptLoader,
     RolloutController,
     admission_capacity,
-    per_item,
-    per_request,
     request_seed,
 )
+from relayrl.rollout.prompts import PromptLoader
+from relayrl.rollout.workflow import per_item, per_request
 from relayrl.tasks.base import Problem
 
 
@@ -68,14 +67,14 @@ def problems(n: int = 50, long_every: int = 0) -> list[Problem]:
     return out
 
 
-def make_controller(servers, options, score, probs=None) -> RolloutController:
+def make_controller(servers, options, score, probs=None, generate=None) -> RolloutController:
     async def scorer(problem, text):
         return score(problem, text)
 
     return RolloutController(
         PromptLoader(probs or problems(), seed=3),
         options,
-        per_request(servers.generate),
+        per_request(generate or servers.generate),
         per_item(scorer),
         encode=lambda p: [1] * len(p.prompt),
         decode=lambda ids: " ".join(map(str, ids)),
@@ -200,8 +199,7 @@ def test_generation_error_rejects_the_group_only():
         return await servers.generate(ids, params, key)
 
     options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
-    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
-    ctrl._generate_group = per_request(flaky)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=flaky)
     assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
 
