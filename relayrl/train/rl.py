@@ -100,6 +100,17 @@ def publish_interval(publish_every: int, eta: int) -> int:
     return max(1, min(publish_every, eta + 1))
 
 
+def remove_older_snapshots(root: Path, version: int) -> list[Path]:
+    """Delete the published weight snapshots ``root/v<k>`` with ``k < version`` (the servers
+    have loaded ``version``); nothing else under ``root`` is touched. Returns what went."""
+    removed = []
+    for old in root.glob("v*"):
+        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < version:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return sorted(removed)
+
+
 def train_problems(config: RunConfig, task) -> list[Problem]:
     """The train prompts: ``rollout.dataset`` if set, else the task's train split."""
     if config.rollout.dataset:
@@ -240,9 +251,7 @@ class _Job:
             raise
         controller.set_published_version(version)
         self.publish_seconds = time.perf_counter() - start
-        for old in self.weights.glob("v*"):
-            if old.name[1:].isdigit() and int(old.name[1:]) < version:
-                shutil.rmtree(old, ignore_errors=True)
+        remove_older_snapshots(self.weights, version)
 
     async def _finish_publication(self) -> None:
         """Wait for the publication in flight, if any (its error already reached the
