@@ -7,7 +7,7 @@ spawned process, one after the other, while this process samples the RSS of that
 tree (psutil; rollout servers and grading workers included) for the peak memory.
 
 Held-out pass@1 is measured the same way on every side: relayrl's evaluator
-(``relayrl.train.rl.evaluate_model``, T = 1) on the same held-out problems every
+(``relayrl.train.loop.evaluate_model``, T = 1) on the same held-out problems every
 ``--eval-every`` steps (relayrl's own periodic evaluation; a ``TrainerCallback`` for TRL).
 **Evaluation time is excluded** from every side's wall clock; relayrl's clock starts when its
 rollout servers are up, TRL's at ``on_train_begin``. Outputs (``--out``, default
@@ -259,7 +259,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     from relayrl.models.loading import PLAIN_TEMPLATE, encode_prompt, load_model, load_tokenizer
     from relayrl.rewards.dispatch import score
     from relayrl.tasks.registry import make_task
-    from relayrl.train.rl import evaluate_model
+    from relayrl.train.loop import evaluate_model
     from relayrl.train.trainer import lr_factor
 
     torch.set_num_threads(TRL_THREADS)
