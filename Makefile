@@ -30,6 +30,7 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check relayrl tests
 	$(VENV)/bin/ruff format --check relayrl tests
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) runs
