@@ -196,7 +196,7 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     Replays ``min(train.total_steps, recorded steps)`` steps and writes its own run
     directory (``<output_dir>/<name>``, or ``<name>-replay`` when that is ``source``).
     """
-    from relayrl.train.sft import prepare_run_dir
+    from relayrl.config.loader import prepare_run_dir
 
     source = Path(source)
     if progress is not None:

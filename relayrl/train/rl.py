@@ -370,8 +370,8 @@ def run_train(
     continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
     ``relayrl.train.resume.resume_config`` for loading that run's config).
     """
+    from relayrl.config.loader import prepare_run_dir
     from relayrl.rewards.pool import GradingPool
-    from relayrl.train.sft import prepare_run_dir
 
     if progress is not None:
         config = config.model_copy(
