@@ -32,6 +32,7 @@ from typing import Any
 
 from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
+from relayrl.report.logs import read_jsonl
 
 HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a held-out pass@1"
 
@@ -225,7 +226,7 @@ def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideRes
 
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)
-    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
     return relayrl_curve(side, rows, s.samples_per_step)
 
 

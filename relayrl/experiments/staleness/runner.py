@@ -22,6 +22,7 @@ from relayrl.experiments.staleness.plan import (
     cell_config,
     cell_settings,
 )
+from relayrl.report.logs import read_jsonl
 
 
 @dataclass
@@ -51,7 +52,7 @@ class CellResult:
 
 def read_run(run_dir: Path, cell: Cell, samples_per_step: int) -> CellResult:
     """A cell's result from its ``metrics.jsonl``."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "train_tokens" in r]
     evals = [r for r in rows if "eval_pass@1" in r]
     if not steps or not evals or not evals[-1].get("final"):
