@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -93,22 +94,32 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-ERROR_MARKERS = ("error", "exception", "traceback", "killed", "denied")
+ERROR_MARKERS = ("error", "exception", "killed", "denied")
+EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
 
 
-def telling_line(log: Path, window: int = 60) -> str:
-    """The line of ``log`` that best says why a server failed: the last error-looking line
-    among its last ``window`` lines, else its last line ('' if none)."""
+def telling_line(log: Path, window: int = 80) -> str:
+    """The line of ``log`` that best says why a server failed: among its last ``window``
+    lines, the last Python exception line (``SomeError: message``, with the indented detail
+    line after it, e.g. pydantic's), else the last error-looking line, else the last line
+    ('' if none)."""
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln.rstrip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     tail = lines[-window:]
+    for i in range(len(tail) - 1, -1, -1):
+        if EXCEPTION_LINE.search(tail[i]):
+            detail = [
+                ln.strip()
+                for ln in tail[i + 1 : i + 3]
+                if ln.startswith((" ", "\t")) and "further information" not in ln
+            ]
+            return " | ".join([tail[i].strip(), *detail])[:400]
     for line in reversed(tail):
-        lowered = line.lower()
-        if any(m in lowered for m in ERROR_MARKERS) and not lowered.startswith("traceback"):
-            return line[-400:]
-    return tail[-1][-400:] if tail else ""
+        if any(m in line.lower() for m in ERROR_MARKERS):
+            return line.strip()[-400:]
+    return tail[-1].strip()[-400:] if tail else ""
 
 
 def healthy(url: str, timeout: float = 1.0) -> bool:
