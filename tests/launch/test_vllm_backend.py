@@ -169,7 +169,9 @@ def test_published_weights_are_served_exactly_with_their_version(server, policy,
             start = time.perf_counter()
             await client.update_weights(str(path), version=5)
             seconds = time.perf_counter() - start
-            gens = await asyncio.gather(*(client.generate(p, q) for p, q in zip(batch, params)))
+            gens = await asyncio.gather(
+                *(client.generate(p, q) for p, q in zip(batch, params, strict=True))
+            )
             # back to version 0 for the other tests
             await client.update_weights(str(publish_dir(policy, tmp_path / "v0")), version=0)
             return seconds, gens
@@ -202,7 +204,10 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
 
     async def go():
         async with VLLMClient([url]) as client:
-            tasks = [asyncio.create_task(client.generate(p, q)) for p, q in zip(batch, params)]
+            tasks = [
+                asyncio.create_task(client.generate(p, q))
+                for p, q in zip(batch, params, strict=True)
+            ]
             for version in (1, 2, 3):
                 await asyncio.sleep(rng.uniform(0.05, 0.3))
                 await client.update_weights(str(dirs[version]), version, keep_kv=mode == "keep")
@@ -294,9 +299,7 @@ def test_port_in_use_is_one_error_line(tmp_path, tiny_model_dir):
     assert f"port {port} on 127.0.0.1 is in use" in line
 
 
-def test_a_model_vllm_cannot_load_is_one_error_line_and_leaves_no_process(
-    tmp_path, tiny_model_dir
-):
+def test_a_model_vllm_cannot_load_is_one_error_line_and_leaves_no_process(tmp_path, tiny_model_dir):
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model_dir, broken)
     config = json.loads((broken / "config.json").read_text())
