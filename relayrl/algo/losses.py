@@ -26,6 +26,7 @@ Imports: torch, relayrl.registry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
@@ -148,6 +149,33 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) 
     if estimator == "k3":
         return torch.expm1(rho) - rho
     raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def engine_trainer_kl(
+    behav_logprobs: Sequence[Sequence[float]],
+    versions: Sequence[Sequence[int]],
+    prox_logprobs: Sequence[Tensor] | None,
+    version: int,
+) -> dict[str, float]:
+    """``{"engine_trainer_kl_k3": mean k3, "engine_trainer_kl_tokens": n}`` over the tokens
+    that the rollout engine sampled with weight ``version``, the trainer's current weights:
+    k3 = e^ρ − 1 − ρ with ρ = log π_trainer − log μ_engine estimates KL(μ ‖ π) from μ's samples,
+    so it is the numerical mismatch between the engine's behaviour logprobs and the trainer's
+    recompute on the same weights (zero for an exact engine). Empty when ``prox_logprobs`` is
+    None or no token is of ``version``."""
+    if prox_logprobs is None:
+        return {}
+    total, count = 0.0, 0
+    for behav, vers, prox in zip(behav_logprobs, versions, prox_logprobs, strict=True):
+        same = torch.tensor([v == version for v in vers], dtype=torch.bool)
+        if not bool(same.any()):
+            continue
+        rho = prox.detach().float().cpu()[same] - torch.tensor(behav, dtype=torch.float32)[same]
+        total += float((torch.expm1(rho) - rho).sum())
+        count += int(same.sum())
+    if count == 0:
+        return {}
+    return {"engine_trainer_kl_k3": total / count, "engine_trainer_kl_tokens": float(count)}
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

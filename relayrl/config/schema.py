@@ -87,6 +87,39 @@ class RuntimeConfig(Section):
 # docs/async.md for how they interact (admission bound, publication, thread budget).
 
 
+class VLLMConfig(Section):
+    """The vLLM rollout backend (`rollout.engine=vllm`, docs/engine.md "vLLM backend")."""
+
+    python: str | None = Field(
+        None,
+        description="interpreter of the vLLM environment (null: .venv-vllm/bin/python of the "
+        "current directory or of the relayrl checkout, built by `make vllm`); GPU users "
+        "point it at their own CUDA vLLM install",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="more arguments for vLLM's OpenAI server (e.g. [--gpu-memory-utilization, "
+        "'0.5'])",
+    )
+    kv_cache_gib: int = Field(
+        1, gt=0, description="CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    threads_bind: str = Field(
+        "nobind",
+        description="VLLM_CPU_OMP_THREADS_BIND: nobind, auto, or core ids such as '0-1' "
+        "(one entry per server separated by '|')",
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of the first server (server i: port + i); null = free ports",
+    )
+    enforce_eager: bool = Field(
+        True, description="--enforce-eager (no graph capture: fast start, CPU default)"
+    )
+
+
 class RolloutConfig(Section):
     workflow: str = Field(
         "single_turn",
@@ -143,6 +176,25 @@ class RolloutConfig(Section):
     server_hang_timeout_s: float = Field(
         60.0, gt=0, description="a live server process not answering /health this long is hung"
     )
+    engine: Literal["builtin", "vllm"] = Field(
+        "builtin",
+        description="rollout backend: builtin (`relayrl serve`) or vllm (a vLLM OpenAI server "
+        "with its RL endpoints, started from rollout.vllm.python)",
+    )
+    server_urls: list[str] = Field(
+        default_factory=list,
+        description="servers someone else started (of rollout.engine's kind, serving "
+        "model.path): none is launched or restarted; empty = launch rollout.num_servers",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("server_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout.server_urls: {url!r} is not an http(s):// URL")
+        return [u.rstrip("/") for u in urls]
 
     @field_validator("workflow")
     @classmethod

@@ -43,7 +43,7 @@ import torch
 from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.launch.backends import RolloutBackend, make_backend
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, RolloutController
@@ -166,11 +166,13 @@ class _Job:
         launcher,
         pool,
         resume_from: Checkpoint | None = None,
+        backend: RolloutBackend | None = None,
     ) -> None:
         from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
         from relayrl.tasks.registry import make_task
 
         self.config, self.run_dir, self.launcher, self.pool = config, run_dir, launcher, pool
+        self.backend = backend or make_backend(config, model_dir)
         self.task = make_task(config.task.name, config.task.params)
         self.tokenizer = load_tokenizer(model_dir)
         torch.manual_seed(config.seed)
@@ -204,6 +206,8 @@ class _Job:
         self.supervisor: ServerSupervisor | None = None
         self._publication: asyncio.Task | None = None
         self.publish_seconds = 0.0  # how long the last finished publication took
+        self.publications = 0
+        self.publish_total_s = 0.0
 
     # ------------------------------------------------------------------ pieces
     async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
@@ -233,6 +237,8 @@ class _Job:
             raise
         controller.set_published_version(version)
         self.publish_seconds = time.perf_counter() - start
+        self.publications += 1
+        self.publish_total_s += self.publish_seconds
         remove_older_snapshots(self.weights, version)
 
     async def _finish_publication(self) -> None:
@@ -274,11 +280,12 @@ class _Job:
     async def loop(self, urls: list[str]) -> TrainResult:
         cfg = self.config
         self.interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
-        self.client = client = RolloutClient(urls, timeout=3600.0)
+        self.client = client = self.backend.client(urls, timeout=3600.0)
+        await self.backend.check_servers(client)
         self.supervisor = ServerSupervisor(
             self.launcher,
             client,
-            cfg.rollout.max_server_restarts,
+            0 if cfg.rollout.server_urls else cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
         )
@@ -316,7 +323,13 @@ class _Job:
             await self._finish_publication()
             await controller.stop()
             await client.close()
-        summary = {"controller": controller.stats(), "grading": self.pool.stats()}
+        summary = {
+            "controller": controller.stats(),
+            "grading": self.pool.stats(),
+            "rollout_engine": cfg.rollout.engine,
+            "publications": self.publications,
+            "publish_latency_mean_s": self.publish_total_s / max(self.publications, 1),
+        }
         return TrainResult(
             self.run_dir,
             cfg.train.total_steps,
@@ -385,21 +398,8 @@ def run_train(
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
     check_loggers(config)  # and on a logger whose package is missing
-    spec = ServerSpec(
-        model_dir=str(model_dir),
-        threads=config.rollout.server_threads,
-        max_running_requests=config.rollout.max_running_requests,
-        max_seq_len=config.model.max_context,
-        device=config.model.device,
-        dtype=config.model.dtype,
-    )
-    launcher = ServerLauncher(
-        spec,
-        config.rollout.num_servers,
-        config.rollout.server_mode,
-        log_dir=run_dir,
-        startup_timeout_s=config.rollout.startup_timeout_s,
-    )
+    backend = make_backend(config, model_dir)
+    launcher = backend.launcher(run_dir)  # checks the backend's environment first
     pool = GradingPool(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
@@ -408,7 +408,7 @@ def run_train(
     sys.setswitchinterval(config.train.switch_interval_ms / 1000)
     try:
         urls = launcher.start()
-        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint)
+        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint, backend)
         result = asyncio.run(job.loop(urls))
     finally:
         sys.setswitchinterval(switch_interval)

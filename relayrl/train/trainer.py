@@ -37,6 +37,7 @@ import torch
 
 from relayrl.algo.losses import (
     LossConfig,
+    engine_trainer_kl,
     entropy_from_logits,
     loss_class,
     loss_normalizer,
@@ -263,6 +264,8 @@ class RLTrainer:
             per_token, normalizer = terms.per_token, terms.normalizer
             extra = {**batch.stats, **terms.stats}
         t1 = time.perf_counter()
+        behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
+        extra.update(engine_trainer_kl(behav, vers, prox, self.version))
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
             parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
         total_tokens = sum(len(t.completion_ids) for t in trajs)
