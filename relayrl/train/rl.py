@@ -49,6 +49,7 @@ from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutC
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.dashboard import Dashboard
+from relayrl.train.distributed import TrainerGroup, check_trainer_ranks, make_trainer
 from relayrl.train.loggers import check_loggers
 from relayrl.train.metrics import RunLogger, batch_metrics
 from relayrl.train.resume import (
@@ -187,7 +188,9 @@ class _Job:
         self.tokenizer = load_tokenizer(model_dir)
         torch.manual_seed(config.seed)
         model = load_model(model_dir, config.model.device, config.model.dtype)
-        self.trainer = RLTrainer(model, config, pad_id=self.tokenizer.pad_token_id)
+        self.trainer = make_trainer(
+            model, config, self.tokenizer.pad_token_id, model_dir, run_dir
+        )  # world_size > 1: rank 0 of the data-parallel ranks (relayrl.train.distributed)
         self.loader = PromptLoader(train_problems(config, self.task), seed=config.seed)
         test = self.task.problems("test", config.eval.num_problems, config.task.seed)
         self.test_final = test
@@ -398,6 +401,8 @@ class _Job:
         return metrics
 
     def close(self) -> None:
+        if isinstance(self.trainer, TrainerGroup):
+            self.trainer.close()
         self.logger.close()
         shutil.rmtree(self.weights, ignore_errors=True)
 
@@ -430,6 +435,7 @@ def run_train(
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
     check_loggers(config)  # and on a logger whose package is missing
+    check_trainer_ranks(config)  # and on a world size this machine cannot run
     spec = ServerSpec(
         model_dir=str(model_dir),
         threads=config.rollout.server_threads,
