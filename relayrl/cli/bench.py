@@ -11,7 +11,12 @@ from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 HELP = "run a benchmark (engine, ...)"
 
 # benchmark name -> module under relayrl.bench
-BENCHMARKS: dict[str, str] = {"engine": "engine", "async": "async_rl", "trl": "trl"}
+BENCHMARKS: dict[str, str] = {
+    "engine": "engine",
+    "async": "async_rl",
+    "trl": "trl",
+    "trainer": "trainer",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

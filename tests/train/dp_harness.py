@@ -13,51 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import sys
 from pathlib import Path
 
 import torch
 
-from relayrl.algo.advantages import compute_advantages
+from relayrl.bench.trainer import fixed_batch
 from relayrl.models.loading import load_model, load_tokenizer
-from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.distributed import TrainerGroup, make_trainer
 from relayrl.train.resume import RunCheckpoints
 from tests.train.conftest import rl_config
-
-GROUPS, SAMPLES = 3, 4
-
-
-def fixed_batch(step: int, vocab: int, seed: int = 0) -> list[list[Trajectory]]:
-    """Step ``step``'s groups: lengths, tokens, rewards and behaviour logprobs drawn from a
-    seeded generator (η = 0: every token of version ``step``)."""
-    rng = random.Random(f"{seed}-{step}")
-    groups = []
-    for g in range(GROUPS):
-        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))]
-        group = []
-        for j in range(SAMPLES):
-            n = rng.randint(1, 20)
-            group.append(
-                Trajectory(
-                    f"p{step}-{g}",
-                    f"g{step}-{g}",
-                    j,
-                    prompt,
-                    [rng.randrange(3, vocab) for _ in range(n)],
-                    [-rng.uniform(4.0, 7.0) for _ in range(n)],
-                    [step] * n,
-                    step,
-                    "length",
-                    float(rng.random() < 0.5),
-                )
-            )
-        rewards = [t.reward for t in group]
-        for t, a in zip(group, compute_advantages([rewards], "grpo")[0], strict=True):
-            t.advantage = a  # the trainer recomputes them for reinforce_pp_baseline
-        groups.append(group)
-    return groups
 
 
 def main(spec_path: str) -> None:
