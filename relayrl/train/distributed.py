@@ -4,7 +4,8 @@ channel from rank 0, and failures.
 Owns: :func:`check_trainer_ranks` (bad input, before anything starts), :func:`resolve_backend`,
 :func:`make_trainer` (world size 1: the plain ``RLTrainer``, unchanged; N > 1: a
 :class:`TrainerGroup`), :class:`TrainerGroup` (rank 0's handle on the ranks), :func:`worker_main`
-(ranks 1..N−1) and :func:`torchrun_rank`.
+(ranks 1..N−1), :func:`torchrun_rank` and :func:`run_torchrun_worker` (`relayrl train` under
+``torchrun --nproc-per-node N``: rank 0 runs the job, the others only train).
 
 Layout (docs/async.md): rank 0 is the `relayrl train` process; it keeps the controller, the
 rollout servers, metrics, checkpoints' manifest and weight publication, and runs its own
@@ -147,8 +148,10 @@ def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: 
 class WorkerRanks:
     """The worker processes rank 0 started (none under torchrun, which owns them)."""
 
-    def __init__(self, procs: dict[int, subprocess.Popen], logs: dict[int, Path]) -> None:
-        self.procs, self.logs = procs, logs
+    def __init__(
+        self, procs: dict[int, subprocess.Popen], logs: dict[int, Path], run_dir: Path
+    ) -> None:
+        self.procs, self.logs, self.run_dir = procs, logs, run_dir
 
     @classmethod
     def spawn(cls, config: Any, port: int, log_dir: Path) -> WorkerRanks:
@@ -175,7 +178,7 @@ class WorkerRanks:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                 )
-        return cls(procs, logs)
+        return cls(procs, logs, log_dir)
 
     def dead(self) -> list[tuple[int, int]]:
         """``(rank, returncode)`` of every worker that has exited."""
@@ -193,7 +196,7 @@ class WorkerRanks:
             return RelayError(
                 f"trainer rank {rank} (pid {self.procs[rank].pid}) died ({how}); the job "
                 f"stops: every rank takes part in each step (its log: {self.logs[rank]}). "
-                "Continue from the last checkpoint with `relayrl train --resume RUN_DIR`"
+                f"Continue from the last checkpoint with `relayrl train --resume {self.run_dir}`"
             )
         return None
 
@@ -322,7 +325,9 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
     backend = resolve_backend(config)
     under_torchrun = torchrun_rank() is not None
     port = None if under_torchrun else (config.train.master_port or free_port())
-    workers = WorkerRanks({}, {}) if under_torchrun else WorkerRanks.spawn(config, port, log_dir)
+    workers = (
+        WorkerRanks({}, {}, log_dir) if under_torchrun else WorkerRanks.spawn(config, port, log_dir)
+    )
     try:
         _init_rank0(config, backend, workers, port)
         control = _control_group(backend)
@@ -342,6 +347,21 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
 
 
 # --------------------------------------------------------------------------- ranks ≥ 1
+def run_torchrun_worker(config: Any) -> bool:
+    """Under torchrun, ranks 1..N−1 of `relayrl train` become trainer workers here (and
+    return True when done); rank 0 and plain runs get False and run the job."""
+    rank = torchrun_rank()
+    if rank is None or rank == 0:
+        return False
+    check_trainer_ranks(config)
+    os.environ[BACKEND_ENV] = resolve_backend(config)
+    os.environ[TIMEOUT_ENV] = str(config.train.dist_timeout_s)
+    torch.set_num_threads(config.train.trainer_threads)
+    os.environ["OMP_NUM_THREADS"] = str(config.train.trainer_threads)
+    worker_main()
+    return True
+
+
 def worker_main() -> None:
     """A worker rank: join the group, build the rank's trainer from rank 0's setup message,
     then run rank 0's commands until told to stop. Exits 1 on any error (logged)."""

@@ -167,3 +167,66 @@ def test_unknown_backend_is_one_error_line(capsys):
     assert main(["train", str(ROOT / "configs" / "async.yaml"), "train.backend=mpi"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "train.backend" in err[0]
+
+
+def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_model_dir):
+    """`relayrl train` at world size 2: SIGKILL rank 1 after a checkpoint → one error line
+    naming it; `--resume` (at world size 1: re-sharding) trains every group exactly once."""
+    run, steps = tmp_path / "run", 5
+    overrides = [
+        f"output_dir={tmp_path}",
+        "name=run",
+        f"model.path={tiny_model_dir}",
+        "model.max_context=128",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=2",
+        "rollout.max_new_tokens=16",
+        "rollout.server_mode=thread",
+        "algo.dynamic_sampling=false",
+        f"train.total_steps={steps}",
+        "train.eval_every=0",
+        "train.progress=false",
+        "train.checkpoint_every=1",
+        "eval.num_problems=4",
+        "eval.max_new_tokens=16",
+        "train.trainer_threads=1",
+        "runtime.threads=1",
+    ]
+    cli = [sys.executable, "-m", "relayrl.cli", "train"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    config = str(ROOT / "configs" / "async.yaml")
+    proc = subprocess.Popen(
+        [*cli, config, *overrides, "train.world_size=2"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not (run / "checkpoints" / "step-000002").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+    log = (run / "trainer-rank1.log").read_text()
+    pid = int(log.split("pid ")[1].split(")")[0])
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(errors) == 1, err[-2000:]
+    assert f"error: trainer rank 1 (pid {pid}) died (killed by SIGKILL)" in errors[0]
+    assert f"--resume {run}" in errors[0]
+    resumed = subprocess.run(
+        [*cli, "--resume", str(run), "train.world_size=1"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if not r.get("final")] == list(range(1, steps + 1))
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    keys = [(r["group_id"], r["sample_index"]) for r in samples]
+    assert len(keys) == len(set(keys)) == steps * 2 * 2  # every sample once, none lost
+    assert [r["step"] for r in samples] == sorted(r["step"] for r in samples)
