@@ -151,7 +151,8 @@ class ShardedRLTrainer(RLTrainer):
     def _count_tokens(self, trajs: Sequence[Trajectory], mbs: list[_MicroBatch]) -> int:
         """The all-reduced sum of the ranks' completion tokens (checked against the batch
         every rank holds: a mismatch means the ranks disagree about the step)."""
-        local = torch.tensor([sum(int(mb.mask.sum().item()) for mb in mbs)], dtype=torch.long)
+        count = sum(int(mb.mask.sum().item()) for mb in mbs)
+        local = torch.tensor([count], dtype=torch.long, device=self._device())
         dist.all_reduce(local, op=dist.ReduceOp.SUM)
         total = int(local.item())
         expected = super()._count_tokens(trajs, mbs)

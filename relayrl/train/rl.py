@@ -4,7 +4,9 @@ Owns: :func:`run_train` (the whole job), :class:`TrainResult`, the training loop
 and weight publication. Process layout (docs/async.md): the rollout servers are ``relayrl
 serve`` child processes (``relayrl.launch.servers``); this process runs the controller
 (asyncio), the grading pool's feeder threads and the trainer, whose optimizer steps run in a
-worker thread so the event loop keeps feeding the servers meanwhile.
+worker thread so the event loop keeps feeding the servers meanwhile. With
+``train.world_size`` N > 1 the trainer is rank 0 of N data-parallel ranks
+(``relayrl.train.distributed``), with the same interface.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
 admission bound would starve the trainer): the trainer saves a safetensors snapshot

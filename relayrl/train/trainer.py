@@ -19,6 +19,11 @@ and the loss becomes the multi-behaviour loss (per-token coefficients ``α_k/N_k
 normaliser 1, or balance-heuristic weights); the buffer is updated after the step and is
 part of ``state_dict``.
 
+The data-parallel trainer (``relayrl.train.fsdp.ShardedRLTrainer``) subclasses this one and
+overrides the per-rank pieces only: ``_micro_batches``, ``traj_logprobs``, ``_count_tokens``,
+``_backward``, ``_clip_gradients``, ``_reduce_stat_sums``, ``_reference_copy`` and the
+weights/state methods; at world size 1 this class runs alone, unchanged.
+
 Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record,
 relayrl.train.replay_step.
 """
