@@ -1,7 +1,8 @@
 """Dynamic micro-batching (AReaL Algorithm 1): first-fit-decreasing packing under a token
 budget.
 
-Owns: ``pack_micro_batches``. The trainer collates a micro-batch right-padded to its
+Owns: ``pack_micro_batches`` and, for the data-parallel trainer, ``split_over_ranks`` and
+``rank_micro_batches`` (each rank's share of a step by tokens, then FFD per rank). The trainer collates a micro-batch right-padded to its
 longest sequence, so by default a micro-batch costs ``rows × longest`` (``cost="padded"``):
 the tokens the forward pass actually computes. AReaL counts the sum of the sequences'
 lengths instead (``cost="packed"``), which is the cost of varlen kernels that need no
@@ -54,3 +55,31 @@ def pack_micro_batches(
             batches.append([i])
             loads.append(1 if cost == "padded" else n)
     return batches
+
+
+def split_over_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Indices of ``lengths`` dealt to ``world_size`` ranks so that their token sums are as
+    even as greedy allows: longest first (ties by index), each to the rank with the fewest
+    tokens so far (ties: the lowest rank). Each rank's list is in increasing index order;
+    every index appears exactly once; the result depends only on the inputs."""
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    loads = [0] * world_size
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shares[rank].append(i)
+        loads[rank] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+def rank_micro_batches(
+    lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost = "padded"
+) -> list[list[list[int]]]:
+    """Per rank, its micro-batches (indices into ``lengths``): ``split_over_ranks`` then
+    ``pack_micro_batches`` on each rank's share under ``max_tokens``."""
+    plans = []
+    for share in split_over_ranks(lengths, world_size):
+        packed = pack_micro_batches([lengths[i] for i in share], max_tokens, cost)
+        plans.append([[share[j] for j in batch] for batch in packed])
+    return plans

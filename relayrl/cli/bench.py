@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "async": "async_rl",
     "trl": "trl",
     "http": "http",
+    "trainer": "trainer",
 }
 
 

@@ -4,7 +4,8 @@ checkpoint (its saved config.yaml plus the overrides; docs/reliability.md).
 
 ``relayrl train --replay-from RUN_DIR CONFIG [KEY=VALUE ...]`` trains instead on the
 trajectories a run recorded with ``train.dump_trajectories=true`` (no rollout server, no
-grading). Prints the run directory, the held-out pass@1 and, as the last line,
+grading). Under ``torchrun --nproc-per-node N`` (with ``train.world_size=N``) rank 0 runs
+the job and the other ranks only train (``relayrl.train.distributed``). Prints the run directory, the held-out pass@1 and, as the last line,
 ``final_pass@1=0.xx``.
 """
 
@@ -76,6 +77,10 @@ def _config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     config = _config(args)
+    from relayrl.train.distributed import run_torchrun_worker
+
+    if run_torchrun_worker(config):  # ranks 1..N-1 under torchrun: train only
+        return 0
     interrupt_on_sigterm()
     if args.replay_from:
         from relayrl.train.replay_dump import run_replay

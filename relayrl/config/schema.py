@@ -342,6 +342,38 @@ class TrainConfig(Section):
         "continue with `relayrl train --resume RUN_DIR` (docs/reliability.md)",
     )
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept (newest)")
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="trainer ranks (data parallel, FSDP2; docs/async.md): 1 = the trainer runs "
+        "in the main process; N > 1 = rank 0 there plus N − 1 worker processes, each with "
+        "train.trainer_threads threads (CPU: N·threads ≤ the cores; CUDA: N ≤ the GPUs)",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="torch.distributed backend of the trainer ranks (auto: nccl on CUDA, "
+        "else gloo)",
+    )
+    master_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port of the trainer ranks' rendezvous on 127.0.0.1 (0 = any free "
+        "port; ignored under torchrun, which sets MASTER_ADDR/MASTER_PORT)",
+    )
+    dist_timeout_s: float = Field(
+        600.0, gt=0, description="how long a trainer collective may wait before failing"
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="FSDP2 mixed precision at world_size > 1: bf16 parameters and "
+        "activations, fp32 gradient reduction and optimizer state (none: model.dtype)",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward pass "
+        "(less memory, about one more forward)",
+    )
 
 
 class ReplayConfig(Section):
@@ -430,6 +462,12 @@ class RunConfig(Section):
             raise ValueError(
                 f"replay.enable=true needs algo.loss='decoupled' (got {algo.loss!r}): "
                 "selection and the multi-behaviour loss use π_prox"
+            )
+        train = info.data.get("train")
+        if replay.enable and replay.weighting == "balance" and train and train.world_size > 1:
+            raise ValueError(
+                "replay.weighting='balance' keeps unsharded weight snapshots and is not "
+                f"supported with train.world_size={train.world_size} (use 'ess' or 'uniform')"
             )
         if replay.enable and replay.pmis and replay.weighting == "ess" and algo is not None:
             if algo.aggregation != "token_mean":

@@ -8,6 +8,9 @@ Layout of ``<run>/checkpoints/step-000012/``::
 
     model/          the policy as a Hugging Face directory (save_pretrained: config,
                     model.safetensors, tokenizer), loadable by transformers unchanged
+    shards/         train.world_size > 1 only: model and optimizer state as
+                    torch.distributed.checkpoint shards (one file per rank + .metadata),
+                    loadable at any world size (relayrl.train.fsdp)
     <name>.json     one JSON state per name (controller, RNG, replay buffer, ...)
     <name>.pt       torch states (optimizer, scheduler)
     manifest.json   format, step, and the size and sha256 of every other file; written last
@@ -37,7 +40,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,10 +208,13 @@ class CheckpointStore:
         tokenizer: Any,
         json_states: Mapping[str, Any],
         torch_states: Mapping[str, Any],
+        write_extra: Callable[[Path], None] | None = None,
     ) -> Checkpoint:
         """Write checkpoint ``step`` atomically, then keep the newest ``keep``.
 
-        ``model``/``tokenizer``: anything with ``save_pretrained``; the states: name → value.
+        ``model``/``tokenizer``: anything with ``save_pretrained``; the states: name → value;
+        ``write_extra(directory)`` writes more files (the sharded trainer state), all of
+        which the manifest lists.
         Raises RelayError (naming the directory and the cause) if anything fails; the
         previous checkpoints are untouched then.
         """
@@ -218,7 +224,9 @@ class CheckpointStore:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_partial()
             tmp.mkdir()
-            files = self._write_contents(tmp, model, tokenizer, json_states, torch_states)
+            files = self._write_contents(
+                tmp, model, tokenizer, json_states, torch_states, write_extra
+            )
             _sleep_for_tests()
             manifest = {"format": FORMAT, "step": step, "created": time.time(), "files": files}
             _write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -246,8 +254,11 @@ class CheckpointStore:
         tokenizer: Any,
         json_states: Mapping[str, Any],
         torch_states: Mapping[str, Any],
+        write_extra: Callable[[Path], None] | None,
     ) -> dict[str, dict[str, Any]]:
         model.save_pretrained(tmp / "model", safe_serialization=True)
+        if write_extra is not None:
+            write_extra(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
         for name, state in json_states.items():

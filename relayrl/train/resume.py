@@ -106,7 +106,13 @@ class RunCheckpoints:
         json_states = {name: c.state_dict() for name, (c, _) in self.components.items()}
         torch_states = {"trainer": trainer_state(self.trainer)}
         ckpt = await asyncio.to_thread(
-            self.store.write, step, self.trainer.model, self.tokenizer, json_states, torch_states
+            self.store.write,
+            step,
+            self.trainer.model,
+            self.tokenizer,
+            json_states,
+            torch_states,
+            self._shard_writer(),
         )
         self.last_step = step
         return ckpt
@@ -129,12 +135,20 @@ class RunCheckpoints:
             flush=True,
         )
 
-    def restore(self, ckpt: Checkpoint) -> int:
-        """Load ``ckpt`` into the trainer and every registered component; returns its step."""
-        from relayrl.engine.weights import load_into, read_state_dict
+    def _shard_writer(self) -> Callable[[Path], None] | None:
+        """Data-parallel ranks (``train.world_size`` > 1) also write sharded model and
+        optimizer state (every rank its part) into the checkpoint."""
+        save_shards = getattr(self.trainer, "save_shards", None)
+        if save_shards is None:
+            return None
+        from relayrl.train.fsdp import SHARDS_DIR
 
-        load_into(self.trainer.model, read_state_dict(ckpt.model_dir))
-        load_trainer_state(self.trainer, ckpt.read_torch("trainer"))
+        return lambda directory: save_shards(directory / SHARDS_DIR)
+
+    def restore(self, ckpt: Checkpoint) -> int:
+        """Load ``ckpt`` into the trainer and every registered component; returns its step.
+        A checkpoint from any world size loads at any other (``relayrl.train.fsdp``)."""
+        restore_trainer(self.trainer, ckpt)
         for name, (component, required) in self.components.items():
             if ckpt.has(name):
                 component.load_state_dict(ckpt.read_json(name))
@@ -154,6 +168,26 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
 
 def load_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
     trainer.load_state_dict({**state, "model": trainer.model.state_dict()})
+
+
+def restore_trainer(trainer: Any, ckpt: Checkpoint) -> None:
+    """Weights, optimizer, scheduler, version (and D-ARL state) from ``ckpt``: the sharded
+    files when the checkpoint has them (written at world size > 1), else the Hugging Face
+    weights and ``trainer.pt``; into the ranks of a data-parallel trainer, or this process."""
+    from relayrl.engine.weights import load_into, read_state_dict
+    from relayrl.train.fsdp import SHARDS_DIR, SHARDS_METADATA, load_sharded
+
+    shards = ckpt.path / SHARDS_DIR if ckpt.has(SHARDS_METADATA, "") else None
+    state = ckpt.read_torch("trainer")
+    if hasattr(trainer, "restore_checkpoint"):  # the data-parallel ranks
+        trainer.restore_checkpoint(ckpt.model_dir, shards, state)
+        return
+    if shards is not None:
+        load_sharded(trainer.model, trainer.optimizer, shards)
+        state = {k: v for k, v in state.items() if k != "optimizer"}
+    else:
+        load_into(trainer.model, read_state_dict(ckpt.model_dir))
+    load_trainer_state(trainer, state)
 
 
 # --------------------------------------------------------------------------- run start

@@ -5,7 +5,9 @@ rollout controller's batches, weight publication after each update) that the sha
 training loop (``relayrl.train.loop``) draws from. Process layout (docs/async.md): the rollout servers are ``relayrl
 serve`` child processes (``relayrl.launch.servers``); this process runs the controller
 (asyncio), the grading pool's feeder threads and the trainer, whose optimizer steps run in a
-worker thread so the event loop keeps feeding the servers meanwhile.
+worker thread so the event loop keeps feeding the servers meanwhile. With
+``train.world_size`` N > 1 the trainer is rank 0 of N data-parallel ranks
+(``relayrl.train.distributed``), with the same interface.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
 admission bound would starve the trainer): the trainer saves a safetensors snapshot
@@ -52,6 +54,7 @@ from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
+from relayrl.train.distributed import TrainerGroup, check_trainer_ranks, make_trainer
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
 from relayrl.train.metrics import RunLogger
@@ -62,7 +65,6 @@ from relayrl.train.resume import (
     begin_run,
     remove_orphaned_dirs,
 )
-from relayrl.train.trainer import RLTrainer
 
 # engine counters summed over the servers into the final metrics row (``server_<name>``):
 # how much prefill the weight updates cost (KV recomputed for retracted requests)
@@ -177,7 +179,9 @@ class _Job:
         self.tokenizer = load_tokenizer(model_dir)
         torch.manual_seed(config.seed)
         model = load_model(model_dir, config.model.device, config.model.dtype)
-        self.trainer = RLTrainer(model, config, pad_id=self.tokenizer.pad_token_id)
+        self.trainer = make_trainer(
+            model, config, self.tokenizer.pad_token_id, model_dir, run_dir
+        )  # world_size > 1: rank 0 of the data-parallel ranks (relayrl.train.distributed)
         self.loader = PromptLoader(train_problems(config, self.task), seed=config.seed)
         test = self.task.problems("test", config.eval.num_problems, config.task.seed)
         self.test_final = test
@@ -366,6 +370,8 @@ class _Job:
         return await server_counters(self.client)
 
     def close(self) -> None:
+        if isinstance(self.trainer, TrainerGroup):
+            self.trainer.close()
         self.logger.close()
         shutil.rmtree(self.weights, ignore_errors=True)
 
@@ -398,6 +404,7 @@ def run_train(
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
     check_loggers(config)  # and on a logger whose package is missing
+    check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)
     launcher = backend.launcher(run_dir)  # checks the backend's environment first
     pool = GradingPool(

@@ -19,6 +19,11 @@ and the loss becomes the multi-behaviour loss (per-token coefficients ``α_k/N_k
 normaliser 1, or balance-heuristic weights); the buffer is updated after the step and is
 part of ``state_dict``.
 
+The data-parallel trainer (``relayrl.train.fsdp.ShardedRLTrainer``) subclasses this one and
+overrides the per-rank pieces only: ``_micro_batches``, ``traj_logprobs``, ``_count_tokens``,
+``_backward``, ``_clip_gradients``, ``_reduce_stat_sums``, ``_reference_copy`` and the
+weights/state methods; at world size 1 this class runs alone, unchanged.
+
 Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record,
 relayrl.train.replay_step.
 """
@@ -97,7 +102,8 @@ class _MicroBatch:
     def scatter(self, per_traj: Sequence[torch.Tensor]) -> torch.Tensor:
         """``[b, L-1]`` tensor of per-trajectory completion values (``per_traj`` is indexed
         like the step's trajectories), zero elsewhere."""
-        out = torch.zeros(self.mask.shape, dtype=per_traj[self.index[0]].dtype)
+        dtype = per_traj[self.index[0]].dtype if self.index else torch.float32
+        out = torch.zeros(self.mask.shape, dtype=dtype)
         for row, (i, span) in enumerate(zip(self.index, self.spans, strict=True)):
             out[row, span] = per_traj[i]
         return out.to(self.mask.device)
@@ -187,13 +193,15 @@ class RLTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, o.warmup_steps, total, o.schedule)
         )
-        self.ref_model = None
-        if self.loss_cfg.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.ref_model = self._reference_copy(model) if self.loss_cfg.kl_coef > 0 else None
         self.version = 0
         self.replay: ReplayStep | None = None
         if config.replay.enable:
             self.replay = ReplayStep(config.replay, self.eta, model)
+
+    def _reference_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The frozen reference policy of the KL term: a copy of the initial weights."""
+        return copy.deepcopy(model).eval().requires_grad_(False)
 
     # ------------------------------------------------------------------ logprobs
     def _logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> tuple[torch.Tensor, Any]:
@@ -312,7 +320,7 @@ class RLTrainer:
         """One AdamW step on ``trajs``: micro-batches, backward, clip, step."""
         mbs = mbs if mbs is not None else self._micro_batches(trajs)
         if normalizer is None:
-            n_tokens = sum(len(t.completion_ids) for t in trajs)
+            n_tokens = self._count_tokens(trajs, mbs)
             normalizer = loss_normalizer(
                 self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
             )
@@ -325,13 +333,24 @@ class RLTrainer:
         ]
         ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
         stats = self._accumulate(mbs, inputs, ref, normalizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.optim.grad_clip
-        )
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         stats.update(grad_norm=float(grad_norm), micro_batches=float(len(mbs)))
         return stats, sum(len(t.completion_ids) for t in trajs)
+
+    def _count_tokens(self, trajs: Sequence[Trajectory], mbs: list[_MicroBatch]) -> int:  # noqa: ARG002
+        """Completion tokens of the optimizer step (the token-mean normaliser)."""
+        return sum(len(t.completion_ids) for t in trajs)
+
+    def _clip_gradients(self) -> float:
+        """Clip the gradient to ``optim.grad_clip`` (global norm); returns the norm before."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        return float(norm)
+
+    def _backward(self, loss: torch.Tensor, index: int, count: int) -> None:  # noqa: ARG002
+        """Backward of micro-batch ``index`` of ``count`` (gradients accumulate)."""
+        loss.backward()
 
     def _replay_batch(self, fresh: list[Trajectory]) -> tuple[ReplayBatch, LossTerms]:
         """Fresh + replay candidates → proximal pass → selection → loss terms."""
@@ -373,7 +392,9 @@ class RLTrainer:
                 entropy=ent,
                 **inputs[i],
             )
-            out.loss.backward()
+            self._backward(out.loss, i, len(mbs))
+            if not out.num_tokens:  # a rank's padding micro-batch (data-parallel trainer)
+                continue
             total += out.num_tokens
             for key, value in out.stats.items():
                 if key in MAX_STATS:
@@ -384,11 +405,23 @@ class RLTrainer:
             w = torch.exp(anchor - mb.behav)[mb.mask > 0]
             weight_sums["ess_num"] += float(w.sum())
             weight_sums["ess_den"] += float(w.square().sum())
+        sums, maxes, total = self._reduce_stat_sums(sums, maxes, total, weight_sums)
         stats = {k: v / max(total, 1) for k, v in sums.items()}
         stats.update(maxes)
         n = max(total, 1)
         stats["ess_frac"] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
         return stats
+
+    def _reduce_stat_sums(
+        self,
+        sums: dict[str, float],
+        maxes: dict[str, float],
+        total: int,
+        weight_sums: dict[str, float],  # noqa: ARG002
+    ) -> tuple[dict[str, float], dict[str, float], int]:
+        """Token-weighted statistic sums of the step's micro-batches (the data-parallel
+        trainer adds up every rank's, in place for ``weight_sums``)."""
+        return sums, maxes, total
 
     # ------------------------------------------------------------------ weights and state
     def save_weights(self, directory: Path) -> Path:
@@ -415,7 +448,8 @@ class RLTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # absent when it came from sharded (DCP) files
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         if self.replay is not None and "replay" in state:

@@ -1,0 +1,404 @@
+"""The trainer ranks of `relayrl train` at ``train.world_size`` N > 1: launch, the command
+channel from rank 0, and failures.
+
+Owns: :func:`check_trainer_ranks` (bad input, before anything starts), :func:`resolve_backend`,
+:func:`make_trainer` (world size 1: the plain ``RLTrainer``, unchanged; N > 1: a
+:class:`TrainerGroup`), :class:`TrainerGroup` (rank 0's handle on the ranks), :func:`worker_main`
+(ranks 1..N−1), :func:`torchrun_rank` and :func:`run_torchrun_worker` (`relayrl train` under
+``torchrun --nproc-per-node N``: rank 0 runs the job, the others only train).
+
+Layout (docs/async.md): rank 0 is the `relayrl train` process; it keeps the controller, the
+rollout servers, metrics, checkpoints' manifest and weight publication, and runs its own
+share of every step. Ranks 1..N−1 are worker processes (``relayrl.train.distributed``,
+started by rank 0 with one line per rank in ``<run>/trainer-rank<r>.log``, or by
+``torchrun``) that only train. Each trainer call of the loop is a command that rank 0
+broadcasts (``broadcast_object_list`` on a gloo group: the name and the arguments, e.g. the
+step's groups of trajectories) before running it itself, so every rank runs the same
+``ShardedRLTrainer`` method on the same inputs, and nothing else of the loop changes.
+
+Failure: a collective that fails on rank 0 (a rank died: gloo reports the closed connection)
+is turned into one error naming the dead rank and how it ended; rank 0 then stops the job and
+the other ranks, as for any error (``--resume`` continues from the last checkpoint). A worker
+whose rank 0 dies gets SIGTERM (parent-death signal) or a failed collective, and exits.
+
+Imports: torch.distributed, relayrl.config, relayrl.models.loading, relayrl.train.fsdp,
+relayrl.launch.servers (free_port, die_with_parent), relayrl.errors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relayrl.errors import RelayError
+
+WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main()"
+PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
+BACKEND_ENV = "RELAYRL_TRAINER_BACKEND"
+TIMEOUT_ENV = "RELAYRL_DIST_TIMEOUT_S"
+COMMANDS = frozenset(
+    {"train_step", "save_weights", "full_state_dict", "save_shards", "restore_checkpoint"}
+)
+STOP = "stop"
+
+
+# --------------------------------------------------------------------------- checks
+def resolve_backend(config: Any) -> str:
+    """``train.backend``, with ``auto`` = nccl when the model is on CUDA, else gloo."""
+    backend = config.train.backend
+    if backend == "auto":
+        return "nccl" if str(config.model.device).startswith("cuda") else "gloo"
+    return backend
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when started by torchrun (``TORCHELASTIC_RUN_ID`` set), else None."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_trainer_ranks(config: Any) -> None:
+    """Raise a RelayError naming the key when ``train.world_size`` cannot run here."""
+    t = config.train
+    if t.world_size == 1:
+        return
+    backend = resolve_backend(config)
+    on_cuda = str(config.model.device).startswith("cuda")
+    if backend == "nccl" and not (on_cuda and torch.cuda.is_available()):
+        raise RelayError(
+            f"train.backend=nccl needs CUDA (model.device={config.model.device!r}, "
+            f"torch.cuda.is_available()={torch.cuda.is_available()}); use train.backend=gloo"
+        )
+    if on_cuda and t.world_size > torch.cuda.device_count():
+        raise RelayError(
+            f"train.world_size={t.world_size} needs {t.world_size} GPUs; this node has "
+            f"{torch.cuda.device_count()}"
+        )
+    if not on_cuda and t.world_size * t.trainer_threads > available_cores():
+        raise RelayError(
+            f"train.world_size={t.world_size} × train.trainer_threads={t.trainer_threads} "
+            f"needs {t.world_size * t.trainer_threads} cores; this process may use "
+            f"{available_cores()} (lower train.world_size or train.trainer_threads)"
+        )
+    launched = os.environ.get("WORLD_SIZE") if torchrun_rank() is not None else None
+    if launched is not None and int(launched) != t.world_size:
+        raise RelayError(
+            f"train.world_size={t.world_size} but torchrun started {launched} processes "
+            f"(set train.world_size={launched} or --nproc-per-node {t.world_size})"
+        )
+    if launched is None and t.master_port:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", t.master_port))
+            except OSError as exc:
+                raise RelayError(
+                    f"train.master_port={t.master_port} is in use on 127.0.0.1 ({exc.strerror}); "
+                    "pick a free port or 0 for any free one"
+                ) from exc
+
+
+# --------------------------------------------------------------------------- process group
+def _device_for(config: Any, backend: str, local_rank: int) -> str:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    return str(config.model.device)
+
+
+def _control_group(backend: str):
+    """Commands travel as pickled objects on CPU: the default group with gloo, a gloo
+    group beside NCCL's."""
+    return dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+
+
+def _receive(group) -> tuple[str, tuple]:
+    message: list[Any] = [None]
+    dist.broadcast_object_list(message, src=0, group=group)
+    return message[0]
+
+
+def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: str):
+    from relayrl.models.loading import load_model
+    from relayrl.train.fsdp import ShardedRLTrainer
+
+    torch.manual_seed(config.seed)
+    model = load_model(model_dir, device, config.model.dtype)
+    return ShardedRLTrainer(model, config, pad_id, "cuda" if backend == "nccl" else "cpu")
+
+
+class WorkerRanks:
+    """The worker processes rank 0 started (none under torchrun, which owns them)."""
+
+    def __init__(
+        self, procs: dict[int, subprocess.Popen], logs: dict[int, Path], run_dir: Path
+    ) -> None:
+        self.procs, self.logs, self.run_dir = procs, logs, run_dir
+
+    @classmethod
+    def spawn(cls, config: Any, port: int, log_dir: Path) -> WorkerRanks:
+        procs, logs = {}, {}
+        for rank in range(1, config.train.world_size):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(config.train.world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(config.train.trainer_threads),
+                BACKEND_ENV: resolve_backend(config),
+                TIMEOUT_ENV: str(config.train.dist_timeout_s),
+                PARENT_ENV: str(os.getpid()),
+            }
+            logs[rank] = log_dir / f"trainer-rank{rank}.log"
+            with open(logs[rank], "w") as log:
+                procs[rank] = subprocess.Popen(
+                    [sys.executable, "-c", WORKER_SNIPPET],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+        return cls(procs, logs, log_dir)
+
+    def dead(self) -> list[tuple[int, int]]:
+        """``(rank, returncode)`` of every worker that has exited."""
+        return [(r, p.returncode) for r, p in self.procs.items() if p.poll() is not None]
+
+    def failure(self, grace_s: float = 2.0) -> RelayError | None:
+        """A RelayError naming a dead rank (waiting up to ``grace_s`` for one to show)."""
+        deadline = time.monotonic() + grace_s
+        while not self.dead() and time.monotonic() < deadline and self.procs:
+            time.sleep(0.05)
+        for rank, code in self.dead():
+            how = f"exit status {code}"
+            if code < 0:
+                how = f"killed by {signal.Signals(-code).name}"
+            return RelayError(
+                f"trainer rank {rank} (pid {self.procs[rank].pid}) died ({how}); the job "
+                f"stops: every rank takes part in each step (its log: {self.logs[rank]}). "
+                f"Continue from the last checkpoint with `relayrl train --resume {self.run_dir}`"
+            )
+        return None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _init_rank0(config: Any, backend: str, workers: WorkerRanks, port: int | None) -> None:
+    """``init_process_group`` on rank 0, failing fast (naming the rank) if a worker dies
+    before joining instead of waiting ``train.dist_timeout_s``."""
+    timeout = datetime.timedelta(seconds=config.train.dist_timeout_s)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
+    if port is not None:
+        kwargs.update(
+            init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=config.train.world_size
+        )
+    errors: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            dist.init_process_group(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=init, name="trainer-rendezvous", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        if thread.is_alive() and workers.dead():
+            raise workers.failure() or RelayError("a trainer rank exited before joining")
+    if errors:
+        raise RelayError(f"trainer ranks could not rendezvous: {errors[0]}") from errors[0]
+
+
+# --------------------------------------------------------------------------- rank 0
+class TrainerGroup:
+    """Rank 0's handle on the N trainer ranks, with the ``RLTrainer`` interface the loop
+    and the checkpoints use: each collective call is broadcast to the workers first.
+
+    ``model`` is an unsharded replica on rank 0, refreshed from the gathered weights when
+    the version moved (evaluation, ``save_pretrained`` of checkpoints and the final model;
+    after :meth:`close` it keeps the last weights gathered, the final evaluation's)."""
+
+    def __init__(self, local, replica: torch.nn.Module, workers: WorkerRanks, control) -> None:
+        self.local, self.replica, self.workers, self.control = local, replica, workers, control
+        self._replica_version: int | None = None
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        return self.local.version
+
+    @property
+    def cfg(self) -> Any:
+        return self.local.cfg
+
+    @property
+    def world_size(self) -> int:
+        return self.local.world_size
+
+    def _all(self, name: str, *args: Any) -> Any:
+        """Run ``local.<name>(*args)`` on every rank."""
+        assert name in COMMANDS, name
+        try:
+            dist.broadcast_object_list([(name, args)], src=0, group=self.control)
+            return getattr(self.local, name)(*args)
+        except RuntimeError as exc:  # torch.distributed errors are RuntimeErrors
+            failure = self.workers.failure()
+            if failure is not None:
+                self._closed = True  # the group is broken: no goodbye message
+                raise failure from exc
+            raise
+
+    def train_step(self, groups) -> dict[str, float]:
+        return self._all("train_step", groups)
+
+    def save_weights(self, directory: Path) -> Path:
+        return self._all("save_weights", directory)
+
+    def save_shards(self, directory: Path) -> None:
+        self._all("save_shards", directory)
+
+    def restore_checkpoint(self, model_dir: Path, shards: Path | None, state: dict) -> None:
+        self._all("restore_checkpoint", model_dir, shards, state)
+        self._replica_version = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.local.state_dict()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if not self._closed and self._replica_version != self.version:
+            state = self._all("full_state_dict")
+            self.replica.load_state_dict(state)
+            self._replica_version = self.version
+        return self.replica
+
+    def close(self) -> None:
+        """Tell the workers to exit, leave the process group, reap the workers."""
+        if not self._closed:
+            self._closed = True
+            try:
+                dist.broadcast_object_list([(STOP, ())], src=0, group=self.control)
+            except RuntimeError:
+                pass  # a worker is gone already
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.workers.stop()
+
+
+def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Path, log_dir: Path):
+    """The trainer of a run: ``RLTrainer`` at world size 1 (as always), else the ranks
+    started here (or by torchrun) with rank 0 in this process, as a :class:`TrainerGroup`."""
+    from relayrl.train.trainer import RLTrainer
+
+    if config.train.world_size == 1:
+        return RLTrainer(model, config, pad_id=pad_id)
+    from relayrl.launch.servers import free_port
+
+    backend = resolve_backend(config)
+    under_torchrun = torchrun_rank() is not None
+    port = None if under_torchrun else (config.train.master_port or free_port())
+    workers = (
+        WorkerRanks({}, {}, log_dir) if under_torchrun else WorkerRanks.spawn(config, port, log_dir)
+    )
+    try:
+        _init_rank0(config, backend, workers, port)
+        control = _control_group(backend)
+        setup = {"config": config.model_dump(mode="json"), "model_dir": str(model_dir)}
+        dist.broadcast_object_list([(setup, pad_id)], src=0, group=control)
+        device = _device_for(config, backend, 0)
+        replica = model
+        local = _build_rank(config, str(model_dir), pad_id, device, backend)
+        return TrainerGroup(local, replica, workers, control)
+    except BaseException:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for proc in workers.procs.values():
+            proc.kill()
+        workers.stop()
+        raise
+
+
+# --------------------------------------------------------------------------- ranks ≥ 1
+def run_torchrun_worker(config: Any) -> bool:
+    """Under torchrun, ranks 1..N−1 of `relayrl train` become trainer workers here (and
+    return True when done); rank 0 and plain runs get False and run the job."""
+    rank = torchrun_rank()
+    if rank is None or rank == 0:
+        return False
+    check_trainer_ranks(config)
+    os.environ[BACKEND_ENV] = resolve_backend(config)
+    os.environ[TIMEOUT_ENV] = str(config.train.dist_timeout_s)
+    torch.set_num_threads(config.train.trainer_threads)
+    os.environ["OMP_NUM_THREADS"] = str(config.train.trainer_threads)
+    worker_main()
+    return True
+
+
+def worker_main() -> None:
+    """A worker rank: join the group, build the rank's trainer from rank 0's setup message,
+    then run rank 0's commands until told to stop. Exits 1 on any error (logged)."""
+    from relayrl.config.schema import RunConfig
+    from relayrl.launch.servers import die_with_parent
+
+    die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank = int(os.environ["RANK"])
+    backend = os.environ.get(BACKEND_ENV, "gloo")
+    try:
+        timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "600")))
+        dist.init_process_group(backend=backend, timeout=timeout)
+        control = _control_group(backend)
+        setup, pad_id = _receive(control)
+        config = RunConfig.model_validate(setup["config"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        trainer = _build_rank(
+            config, setup["model_dir"], pad_id, _device_for(config, backend, local_rank), backend
+        )
+        print(
+            f"trainer rank {rank}/{config.train.world_size} ready ({backend}, pid {os.getpid()})",
+            flush=True,
+        )
+        while True:
+            name, args = _receive(control)
+            if name == STOP:
+                break
+            if name not in COMMANDS:
+                raise RuntimeError(f"unknown trainer command {name!r}")
+            getattr(trainer, name)(*args)
+    except Exception as exc:  # noqa: BLE001 - the log says why; rank 0 names the rank
+        import traceback
+
+        traceback.print_exc()
+        print(f"trainer rank {rank} stops: {exc}", flush=True)
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
