@@ -437,6 +437,27 @@ class ReplayConfig(Section):
         return self
 
 
+class RayConfig(Section):
+    """Where the rollout servers run with ``launcher: ray`` (docs/cluster.md)."""
+
+    address: str = Field(
+        "local",
+        description="Ray cluster: 'local' (start one in this process, for development), 'auto' "
+        "(the cluster this node belongs to, e.g. under the Slurm script) or 'host:port'",
+    )
+    server_cpus: float = Field(1.0, gt=0, description="CPUs reserved per rollout server")
+    server_gpus: float = Field(0.0, ge=0, description="GPUs reserved per rollout server")
+    server_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per rollout server"
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "SPREAD", description="placement group strategy of the rollout servers"
+    )
+    placement_timeout_s: float = Field(
+        60.0, gt=0, description="wait for the servers' resources before failing"
+    )
+
+
 class RunConfig(Section):
     """One run."""
 
@@ -453,6 +474,12 @@ class RunConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    launcher: Literal["local", "ray"] = Field(
+        "local",
+        description="who starts the rollout servers: local = child processes of this one; "
+        "ray = Ray actors placed by a placement group (ray.*, docs/cluster.md)",
+    )
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @field_validator("replay")
     @classmethod

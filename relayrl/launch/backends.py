@@ -63,6 +63,17 @@ class RolloutBackend(ABC):
         rollout = self.config.rollout
         if rollout.server_urls:
             return ExternalServers(list(rollout.server_urls), rollout.startup_timeout_s)
+        if self.config.launcher == "ray":
+            from relayrl.launch.ray_cluster import RayServerLauncher
+
+            return RayServerLauncher(
+                self.server_spec(),
+                rollout.num_servers,
+                rollout.server_mode,
+                log_dir=run_dir,
+                startup_timeout_s=rollout.startup_timeout_s,
+                ray_config=self.config.ray,
+            )
         return ServerLauncher(
             self.server_spec(),
             rollout.num_servers,

@@ -152,6 +152,7 @@ class ServerSpec:
     kind = "relayrl serve"
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
+    host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
 
     def engine_options(self):
         from relayrl.engine.types import EngineOptions
@@ -167,7 +168,11 @@ class ServerSpec:
         from relayrl.engine.serve import ServeOptions
 
         options = ServeOptions(
-            self.model_dir, port=port, threads=self.threads, engine=self.engine_options()
+            self.model_dir,
+            host=self.host,
+            port=port,
+            threads=self.threads,
+            engine=self.engine_options(),
         )
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 

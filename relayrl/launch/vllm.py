@@ -78,6 +78,7 @@ class VLLMServerSpec:
     threads_bind: str = "nobind"
     extra_args: list[str] = field(default_factory=list)
     port: int | None = None
+    host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
     enforce_eager: bool = True
     prefix_caching: bool = True
     kind = "vLLM"
@@ -85,7 +86,7 @@ class VLLMServerSpec:
 
     def command(self, port: int) -> list[str]:
         cmd = [self.python, "-c", VLLM_SNIPPET, "--model", self.model_dir]
-        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype]
+        cmd += ["--host", self.host, "--port", str(port), "--dtype", self.dtype]
         cmd += ["--max-num-seqs", str(self.max_running_requests)]
         if self.max_seq_len:
             cmd += ["--max-model-len", str(self.max_seq_len)]

@@ -1,0 +1,282 @@
+"""Rollout servers as Ray actors: ``launcher: ray`` (docs/cluster.md).
+
+Owns: :func:`connect` (``ray.init`` on ``ray.address``, with one clear error for an
+unreachable cluster or a Ray version mismatch), :class:`RayServerLauncher` and the actor
+class behind it. The launcher has the local launcher's interface (start, check, kill,
+respawn, wait_healthy, describe, stop), so the supervisor, the controller and the trainer
+work unchanged; only *where* a server runs differs:
+
+* one placement group for the role "rollout servers": a bundle of ``ray.server_cpus`` CPUs
+  (+ ``server_gpus``, ``server_resources``) per server, placed by
+  ``ray.placement_strategy``; resources that never come give one error after
+  ``ray.placement_timeout_s`` naming the role, the bundle and what the cluster has;
+* server ``i`` is an actor in bundle ``i`` that starts the same server command as the local
+  launcher (built-in engine or vLLM) as its child, listening on its node's address; the
+  child dies with the actor (parent-death signal), so a killed actor never leaves a server;
+* a dead actor reads as an exited server: the supervisor respawns it, a fresh actor in the
+  same bundle (on any node with room when its node is gone), and resubmits its requests;
+* ``<run>/cluster.json`` lists each server's node, actor pid, server pid, URL and log.
+
+The server logs go to the run directory, as with the local launcher: on several nodes the
+run directory must be on a filesystem they share (as it is under Slurm).
+
+Imports: relayrl.launch.servers, relayrl.config (the ray section), relayrl.errors; ``ray``
+only when this launcher is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from relayrl.config.schema import RayConfig
+from relayrl.errors import RelayError
+from relayrl.launch.servers import PARENT_ENV, ServerLauncher, free_port
+
+ROLE = "rollout servers"
+
+
+def connect(cfg: RayConfig) -> None:
+    """Join (or, for ``address: local``, start) the Ray cluster of this run."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RelayError("launcher: ray needs Ray: pip install 'ray>=2.40'") from exc
+    if ray.is_initialized():
+        return
+    address = None if cfg.address == "local" else cfg.address
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        what = "start a local Ray cluster" if address is None else f"connect to {address!r}"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RelayError(f"ray.address={cfg.address!r}: could not {what}: {first}") from exc
+
+
+class _ServerHost:
+    """The Ray actor owning one rollout-server process on its node."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.new_session = False
+
+    def start(self, spec: Any, index: int, log: str, log_mode: str) -> dict[str, Any]:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        spec = replace(spec, host=host)
+        port = free_port() if spec.port is None else spec.port + index
+        env = dict(os.environ, **spec.environment(index))
+        env[PARENT_ENV] = str(os.getpid())  # the server dies with this actor
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        with open(log, log_mode) as out:
+            if log_mode == "a":
+                out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
+                out.flush()
+            self.proc = subprocess.Popen(
+                spec.command(port),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=spec.new_session,
+            )
+        self.new_session = spec.new_session
+        return {
+            "url": f"http://{host}:{port}",
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": host,
+            "actor_pid": os.getpid(),
+            "server_pid": self.proc.pid,
+            "log": log,
+        }
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if self.new_session:
+                os.killpg(self.proc.pid, sig)
+            elif self.proc.poll() is None:
+                self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.proc.wait(timeout=timeout)
+        return None
+
+
+class RemoteServer:
+    """A ``subprocess.Popen``-like handle on a server run by a :class:`_ServerHost` actor:
+    what :class:`ServerLauncher` needs (``poll``, ``wait``, ``send_signal``, ``pid``). A dead
+    actor reads as a server killed by SIGKILL."""
+
+    def __init__(self, actor: Any, info: dict[str, Any]) -> None:
+        self.actor, self.info = actor, info
+        self.pid = int(info["server_pid"])
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        import ray
+
+        try:
+            self.returncode = ray.get(self.actor.poll.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            self.returncode = -signal.SIGKILL  # the actor (and with it the server) is gone
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("ray server", timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(Exception):
+            self.actor.signal.remote(sig)
+
+
+@dataclass
+class RayServerLauncher(ServerLauncher):
+    """The local launcher's interface over Ray actors; see the module docstring."""
+
+    ray_config: RayConfig = field(default_factory=RayConfig)
+    _group: Any = None
+    _actor_class: Any = None
+
+    def start(self) -> list[str]:
+        if self.mode == "thread":
+            raise RelayError("launcher: ray runs rollout.server_mode=process servers only")
+        connect(self.ray_config)
+        try:
+            self._group = self._reserve()
+            for i in range(self.num_servers):
+                self._start_process(i)
+            self._write_cluster_file()
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self.urls
+
+    def _bundle(self) -> dict[str, float]:
+        c = self.ray_config
+        bundle = {"CPU": c.server_cpus, **c.server_resources}
+        if c.server_gpus:
+            bundle["GPU"] = c.server_gpus
+        return bundle
+
+    def _reserve(self) -> Any:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        bundle = self._bundle()
+        group = placement_group(
+            [bundle] * self.num_servers, strategy=self.ray_config.placement_strategy
+        )
+        try:
+            ray.get(group.ready(), timeout=self.ray_config.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(group)
+            raise RelayError(
+                f"Ray could not place the {ROLE}: {self.num_servers} × {bundle} "
+                f"({self.ray_config.placement_strategy}) within "
+                f"{self.ray_config.placement_timeout_s:.0f}s (ray.placement_timeout_s); the "
+                f"cluster has {ray.cluster_resources()} in all, {ray.available_resources()} "
+                "free; lower ray.server_cpus / rollout.num_servers or add nodes"
+            ) from None
+        return group
+
+    def _spawn(self, i: int, log_mode: str) -> tuple[RemoteServer, Path, str]:
+        return self._popen(i, log_mode)
+
+    def _popen(self, i: int, log_mode: str) -> tuple[RemoteServer, Path, str]:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._actor_class is None:
+            self._actor_class = ray.remote(max_restarts=0)(_ServerHost)
+        c = self.ray_config
+        strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i)
+        actor = self._actor_class.options(
+            num_cpus=c.server_cpus,
+            num_gpus=c.server_gpus,
+            resources=dict(c.server_resources),
+            scheduling_strategy=strategy,
+            name=None,
+        ).remote()
+        log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
+        try:
+            info = ray.get(
+                actor.start.remote(self.spec, i, str(log), log_mode),
+                timeout=self.startup_timeout_s,
+            )
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise RelayError(
+                f"rollout server {i}: its Ray actor did not start within "
+                f"{self.startup_timeout_s:.0f}s (rollout.startup_timeout_s)"
+            ) from None
+        return RemoteServer(actor, info), log, info["url"]
+
+    def respawn(self, i: int) -> str:
+        url = super().respawn(i)  # kill(i) frees the bundle, then a fresh actor in it
+        self._write_cluster_file()
+        return url
+
+    def kill(self, i: int) -> None:
+        import ray
+
+        proc = self._procs[i]
+        proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            ray.kill(proc.actor, no_restart=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+
+    def _signal(self, proc: RemoteServer, sig: int) -> None:
+        proc.send_signal(sig)
+
+    def _wait_group_gone(self, pgid: int, deadline: float) -> None:
+        return None  # the actor owns its server's process group; killing it ends the group
+
+    def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
+        node = self._procs[i].info["node_ip"] if i < len(self._procs) else "?"
+        return super().describe(i, f"on Ray node {node} {what}", consequence)
+
+    def stop(self) -> None:
+        import ray
+
+        actors = [p.actor for p in self._procs]
+        super().stop()
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self._group)
+            self._group = None
+
+    def _write_cluster_file(self) -> None:
+        if self.log_dir is None:
+            return
+        servers = [{"index": i, **p.info} for i, p in enumerate(self._procs)]
+        placement = {"role": ROLE, "bundle": self._bundle(), **self.ray_config.model_dump()}
+        path = self.log_dir / "cluster.json"
+        path.write_text(json.dumps({"placement": placement, "servers": servers}, indent=2))
