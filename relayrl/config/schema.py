@@ -303,7 +303,9 @@ class TrainConfig(Section):
         "while the controller's event loop holds it (docs/async.md, measured)",
     )
     weights_dir: str | None = Field(
-        None, description="where published weights go (null: /dev/shm if present, else run dir)"
+        None,
+        description="where published weights go (null: /dev/shm if present, else the run dir; "
+        "the run dir with launcher=ray on a cluster address, so that every node sees them)",
     )
     save_final: bool = Field(True, description="save <run>/final_model (Hugging Face directory)")
     log_text: bool = Field(

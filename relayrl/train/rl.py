@@ -125,10 +125,13 @@ def train_problems(config: RunConfig, task) -> list[Problem]:
 
 
 def weights_root(config: RunConfig, run_dir: Path) -> Path:
-    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir."""
+    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir. On
+    a Ray cluster (``launcher: ray`` with an address) the servers may sit on other nodes,
+    so node-local tmpfs is skipped for the run dir (which must be on a shared filesystem)."""
+    remote = config.launcher == "ray" and config.ray.address != "local"
     if config.train.weights_dir:
         base = Path(config.train.weights_dir)
-    elif Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+    elif not remote and Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
         base = Path("/dev/shm")
     else:
         base = run_dir
