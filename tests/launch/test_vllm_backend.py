@@ -156,6 +156,17 @@ def test_seeded_requests_are_reproducible(server):
     assert a.output_ids == c.output_ids and b.output_ids == d.output_ids
 
 
+def test_many_seeded_requests_at_once(server):
+    """More prompt tokens at once than one scheduler step takes (2048): with chunked prefill,
+    vLLM 0.32's CPU worker died rewinding a seeded request's generator ('CPU Generator does
+    not use offset'); relayrl starts it with whole-prompt prefill."""
+    url, _ = server
+    batch = [[(7 * i + j) % 240 + 3 for j in range(24)] for i in range(96)]  # 2304 tokens
+    params = [SamplingParams(max_new_tokens=4, seed=i, ignore_eos=True) for i in range(96)]
+    gens = run(generate_all(url, batch, params))
+    assert [len(g.output_ids) for g in gens] == [4] * 96
+
+
 # ------------------------------------------------------------------ publication
 def test_published_weights_are_served_exactly_with_their_version(server, policy, tmp_path):
     url, _ = server
