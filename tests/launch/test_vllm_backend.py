@@ -328,3 +328,53 @@ def test_thread_mode_is_refused_for_vllm(tiny_model_dir):
     config = vllm_config(tiny_model_dir, "rollout.server_mode=thread")
     with pytest.raises(RelayError, match="server_mode=thread runs only rollout.engine=builtin"):
         make_backend(config, tiny_model_dir).launcher(None)
+
+
+# ------------------------------------------------------------------ external servers
+def short_run_config(tmp_path: Path, model_dir: Path, url: str):
+    return vllm_config(
+        model_dir,
+        f"output_dir={tmp_path}",
+        "name=ext",
+        f"rollout.server_urls=[{url}]",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=2",
+        "rollout.max_new_tokens=16",
+        "algo.dynamic_sampling=false",
+        "train.total_steps=2",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "train.save_final=false",
+        "eval.num_problems=4",
+        "eval.max_new_tokens=16",
+        "runtime.threads=1",
+        "train.trainer_threads=1",
+    )
+
+
+def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.server import ServerThread, create_app
+    from relayrl.train.rl import run_train
+
+    with Engine.from_pretrained(str(tiny_model_dir)) as engine:
+        builtin = ServerThread(create_app(engine)).start()
+        try:
+            with pytest.raises(RelayError, match="does not expose vLLM's RL endpoints"):
+                run_train(short_run_config(tmp_path, tiny_model_dir, builtin.url))
+        finally:
+            builtin.stop()
+
+
+def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
+    """Last in the module: it leaves its own weights on the shared server."""
+    from relayrl.train.rl import run_train
+
+    url, launcher = server
+    result = run_train(short_run_config(tmp_path, tiny_model_dir, url))
+    rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
+    assert result.steps == 2 and [r["step"] for r in rows[:2]] == [1, 2]
+    assert result.summary["publications"] == 1
+    assert launcher.exit_code(0) is None  # an external server is not stopped by the run
+    assert not (tmp_path / "ext" / "server-0.log").exists()  # nor launched
