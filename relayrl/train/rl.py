@@ -295,7 +295,10 @@ class _Job:
         cfg = self.config
         interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         client = self.backend.client(urls, timeout=3600.0)
-        await self.backend.check_servers(client)
+        with contextlib.suppress(RolloutServerError):
+            # unreachable: a server died since it started; the supervisor restarts it (a
+            # replacement is ours, of the right kind) or names it when it cannot
+            await self.backend.check_servers(client)
         self.supervisor = ServerSupervisor(
             self.launcher,
             client,
