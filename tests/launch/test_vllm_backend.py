@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -274,6 +275,21 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
+def process_group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (a vLLM server's engine core and worker
+    rename themselves, so their command lines do not name the model)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
 def one_error_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode != 0, result.stdout + result.stderr
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
@@ -322,6 +338,8 @@ def test_a_model_vllm_cannot_load_is_one_error_line_and_leaves_no_process(tmp_pa
     assert "NoSuchModelForCausalLM" in line, line  # the log line that says why
     assert (tmp_path / "bad" / "server-0.log").is_file()
     assert processes_mentioning(str(broken)) == []
+    pid = int(re.search(r"pid (\d+)\)", line).group(1))  # the server led its own group
+    assert process_group(pid) == []
 
 
 def test_thread_mode_is_refused_for_vllm(tiny_model_dir):

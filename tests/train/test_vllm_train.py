@@ -22,7 +22,12 @@ from relayrl.config.loader import load_config
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.tasks.registry import make_task
 from relayrl.train.rl import evaluate_model, run_train
-from tests.launch.test_vllm_backend import MAX_MEAN_K3, VLLM_PYTHON, pytestmark  # noqa: F401
+from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same skip)
+    MAX_MEAN_K3,
+    VLLM_PYTHON,
+    process_group,
+    pytestmark,
+)
 from tests.train.conftest import QUICK_TASK
 from tests.train.test_train_failures import children_of
 
@@ -115,7 +120,8 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(tmp_path, sft_m
     )
 
     assert killed, "the server was never killed"
-    assert vllm_servers() == []  # every server (and its group) is gone
+    assert vllm_servers() == []  # every server is gone, with its engine core and worker:
+    assert process_group(killed[0]) == []  # those of the killed one too
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("final")]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
