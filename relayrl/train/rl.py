@@ -295,10 +295,13 @@ class _Job:
         cfg = self.config
         interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         client = self.backend.client(urls, timeout=3600.0)
-        with contextlib.suppress(RolloutServerError):
-            # unreachable: a server died since it started; the supervisor restarts it (a
-            # replacement is ours, of the right kind) or names it when it cannot
+        try:
             await self.backend.check_servers(client)
+        except RolloutServerError:
+            pass  # unreachable: it died since it started; the supervisor restarts or names it
+        except BaseException:
+            await client.close()
+            raise
         self.supervisor = ServerSupervisor(
             self.launcher,
             client,
