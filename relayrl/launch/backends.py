@@ -54,7 +54,8 @@ class RolloutBackend(ABC):
 
     @abstractmethod
     async def check_server(self, client: RolloutClient, url: str) -> None:
-        """Raise RelayError if ``url`` does not speak this backend's protocol."""
+        """Raise RelayError if ``url`` answers but does not speak this backend's protocol
+        (RolloutServerError if it cannot be reached)."""
 
     def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
         return self.client_class()(urls, **kwargs)
@@ -110,6 +111,8 @@ class BuiltinBackend(RolloutBackend):
         try:
             await client._request("GET", url, "/get_model_info")
         except RolloutServerError as exc:
+            if exc.unreachable:  # not a question of protocol: the caller names the server
+                raise
             raise RelayError(
                 f"rollout server {url} does not answer the built-in engine's API "
                 f"(GET /get_model_info: {exc}); is it `relayrl serve` (rollout.engine=builtin)?"
@@ -160,6 +163,8 @@ class VLLMBackend(RolloutBackend):
         try:
             await client._request("GET", url, "/is_paused")
         except RolloutServerError as exc:
+            if exc.unreachable:  # not a question of protocol: the caller names the server
+                raise
             raise RelayError(
                 f"rollout server {url} does not expose vLLM's RL endpoints (GET /is_paused: "
                 f"{exc}); start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, "

@@ -94,6 +94,11 @@ class VLLMServerSpec:
             cmd.append("--enforce-eager")
         if not self.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
+        # vLLM 0.32 on CPU kills its engine core when a seeded request's prefill is chunked
+        # (it rewinds the request's generator, and CPU generators have no offset): prompts
+        # are prefilled whole instead
+        cmd += ["--no-enable-chunked-prefill"]
+        cmd += ["--max-num-batched-tokens", str(max(2048, self.max_seq_len or 0))]
         cmd += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
         cmd += ["--worker-extension-cls", EXTENSION_CLASS, "--served-model-name", "policy"]
         return cmd + list(self.extra_args)

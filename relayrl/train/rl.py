@@ -288,7 +288,13 @@ class _Job:
         cfg = self.config
         self.interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         self.client = client = self.backend.client(urls, timeout=3600.0)
-        await self.backend.check_servers(client)
+        try:
+            await self.backend.check_servers(client)
+        except RolloutServerError:
+            pass  # unreachable: it died since it started; the supervisor restarts or names it
+        except BaseException:
+            await client.close()
+            raise
         self.supervisor = ServerSupervisor(
             self.launcher,
             client,

@@ -377,3 +377,20 @@ def test_micro_batch_split_does_not_change_gradient(cfg: LossConfig) -> None:
     torch.testing.assert_close(split, full, atol=1e-6, rtol=0)
     singles = _step_grad(cfg, [[i] for i in reversed(range(len(lengths)))])
     torch.testing.assert_close(singles, full, atol=1e-6, rtol=0)
+
+
+def test_engine_trainer_kl_uses_only_tokens_of_the_current_version():
+    import math
+
+    from relayrl.algo.losses import engine_trainer_kl
+
+    behav = [[-1.0, -2.0], [-0.5]]
+    versions = [[3, 4], [4]]
+    prox = [torch.tensor([-1.1, -2.0]), torch.tensor([-0.4])]
+    out = engine_trainer_kl(behav, versions, prox, version=4)
+    # tokens of version 4: ρ = 0 (k3 = 0) and ρ = 0.1 (k3 = e^0.1 − 1 − 0.1)
+    expected = (0.0 + math.expm1(0.1) - 0.1) / 2
+    assert out["engine_trainer_kl_tokens"] == 2.0
+    assert out["engine_trainer_kl_k3"] == pytest.approx(expected, rel=1e-5)
+    assert engine_trainer_kl(behav, versions, prox, version=9) == {}
+    assert engine_trainer_kl(behav, versions, None, version=4) == {}

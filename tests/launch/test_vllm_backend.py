@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -156,6 +157,17 @@ def test_seeded_requests_are_reproducible(server):
     assert a.output_ids == c.output_ids and b.output_ids == d.output_ids
 
 
+def test_many_seeded_requests_at_once(server):
+    """More prompt tokens at once than one scheduler step takes (2048): with chunked prefill,
+    vLLM 0.32's CPU worker died rewinding a seeded request's generator ('CPU Generator does
+    not use offset'); relayrl starts it with whole-prompt prefill."""
+    url, _ = server
+    batch = [[(7 * i + j) % 240 + 3 for j in range(24)] for i in range(96)]  # 2304 tokens
+    params = [SamplingParams(max_new_tokens=4, seed=i, ignore_eos=True) for i in range(96)]
+    gens = run(generate_all(url, batch, params))
+    assert [len(g.output_ids) for g in gens] == [4] * 96
+
+
 # ------------------------------------------------------------------ publication
 def test_published_weights_are_served_exactly_with_their_version(server, policy, tmp_path):
     url, _ = server
@@ -263,6 +275,21 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
+def process_group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (a vLLM server's engine core and worker
+    rename themselves, so their command lines do not name the model)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
 def one_error_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode != 0, result.stdout + result.stderr
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
@@ -311,9 +338,61 @@ def test_a_model_vllm_cannot_load_is_one_error_line_and_leaves_no_process(tmp_pa
     assert "NoSuchModelForCausalLM" in line, line  # the log line that says why
     assert (tmp_path / "bad" / "server-0.log").is_file()
     assert processes_mentioning(str(broken)) == []
+    pid = int(re.search(r"pid (\d+)\)", line).group(1))  # the server led its own group
+    assert process_group(pid) == []
 
 
 def test_thread_mode_is_refused_for_vllm(tiny_model_dir):
     config = vllm_config(tiny_model_dir, "rollout.server_mode=thread")
     with pytest.raises(RelayError, match="server_mode=thread runs only rollout.engine=builtin"):
         make_backend(config, tiny_model_dir).launcher(None)
+
+
+# ------------------------------------------------------------------ external servers
+def short_run_config(tmp_path: Path, model_dir: Path, url: str):
+    return vllm_config(
+        model_dir,
+        f"output_dir={tmp_path}",
+        "name=ext",
+        f"rollout.server_urls=[{url}]",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=2",
+        "rollout.max_new_tokens=16",
+        "algo.dynamic_sampling=false",
+        "train.total_steps=2",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "train.save_final=false",
+        "eval.num_problems=4",
+        "eval.max_new_tokens=16",
+        "runtime.threads=1",
+        "train.trainer_threads=1",
+    )
+
+
+def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.server import ServerThread, create_app
+    from relayrl.train.rl import run_train
+
+    with Engine.from_pretrained(str(tiny_model_dir)) as engine:
+        builtin = ServerThread(create_app(engine)).start()
+        try:
+            with pytest.raises(RelayError, match="does not expose vLLM's RL endpoints"):
+                run_train(short_run_config(tmp_path, tiny_model_dir, builtin.url))
+        finally:
+            builtin.stop()
+
+
+def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
+    """Last in the module: it leaves its own weights on the shared server."""
+    from relayrl.train.rl import run_train
+
+    url, launcher = server
+    result = run_train(short_run_config(tmp_path, tiny_model_dir, url))
+    rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
+    assert result.steps == 2 and [r["step"] for r in rows[:2]] == [1, 2]
+    assert result.summary["publications"] == 1
+    assert launcher.exit_code(0) is None  # an external server is not stopped by the run
+    assert not (tmp_path / "ext" / "server-0.log").exists()  # nor launched

@@ -1,0 +1,90 @@
+"""The vLLM wire protocol without a server: sampling parameters as vLLM's, per-token versions
+from ``weight_versions`` spans, and answers that cannot be trusted refused (the real server
+is exercised in tests/launch/test_vllm_backend.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.engine.client import RolloutServerError
+from relayrl.engine.types import SamplingParams
+from relayrl.engine.vllm_client import (
+    parse_vllm_generation,
+    span_versions,
+    vllm_sampling_params,
+)
+from relayrl.launch.vllm import VLLMServerSpec
+
+URL = "http://127.0.0.1:1"
+
+
+def answer(ids, logprobs, spans, reason="length"):
+    content = [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)]
+    return {
+        "choices": [
+            {
+                "token_ids": ids,
+                "logprobs": {"content": content},
+                "weight_versions": spans,
+                "finish_reason": reason,
+            }
+        ],
+        "usage": {"prompt_tokens": 5},
+    }
+
+
+def test_sampling_params_map_to_vllm_fields():
+    params = SamplingParams(max_new_tokens=7, temperature=0.7, seed=3, stop_token_ids=[1])
+    wire = vllm_sampling_params(params.__dict__)
+    assert wire == {
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "logprobs": 0,
+        "ignore_eos": False,
+        "skip_special_tokens": False,
+        "seed": 3,
+        "stop_token_ids": [1],
+    }
+    with pytest.raises(ValueError, match="stop strings"):
+        vllm_sampling_params({"stop": ["\n"]})
+
+
+def test_spans_become_per_token_versions():
+    spans = [{"version": "default", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 5}]
+    assert span_versions(spans, 5, URL) == [0, 0, 3, 3, 3]
+    assert span_versions(None, 0, URL) == []
+    for bad, n in (
+        ([{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 3, "end": 4}], 4),
+        ([{"version": "1", "start": 0, "end": 2}], 3),
+        ([{"version": "v1", "start": 0, "end": 1}], 1),
+        (None, 2),
+    ):
+        with pytest.raises(RolloutServerError):
+            span_versions(bad, n, URL)
+
+
+def test_an_answer_becomes_a_generation():
+    gen = parse_vllm_generation(
+        URL, answer([4, 5, 6], [-0.1, -0.2, -0.3], [{"version": "2", "start": 0, "end": 3}])
+    )
+    assert gen.output_ids == [4, 5, 6] and gen.output_logprobs == [-0.1, -0.2, -0.3]
+    assert gen.output_versions == [2, 2, 2]
+    assert gen.finish_reason == "length" and gen.prompt_tokens == 5
+    missing = answer([4, 5], [-0.1, -9999.0], [{"version": "2", "start": 0, "end": 2}])
+    with pytest.raises(RolloutServerError, match="logprobs missing"):
+        parse_vllm_generation(URL, missing)
+
+
+def test_the_server_command_asks_for_exact_rl_data():
+    spec = VLLMServerSpec("/m", "/py", max_seq_len=128, threads_bind="0|1", prefix_caching=False)
+    cmd = spec.command(8000)
+    assert cmd[:2] == ["/py", "-c"]
+    flags = " ".join(cmd[3:])
+    assert "--logprobs-mode processed_logprobs" in flags
+    assert "--enable-scale-out" in flags and "--no-enable-chunked-prefill" in flags
+    assert "--worker-extension-cls relayrl_vllm_ext.RelayWeightLoader" in flags
+    assert "--max-model-len 128" in flags and "--no-enable-prefix-caching" in flags
+    assert spec.environment(1)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert spec.environment(0)["VLLM_SERVER_DEV_MODE"] == "1"
