@@ -124,7 +124,8 @@ def _collate(
         attn[row, :n] = 1
         span = slice(p - 1, p - 1 + c)  # logits at position i predict token i + 1
         spans.append(span)
-        mask[row, span] = 1.0
+        # only model tokens are trained: environment tokens (tool output) get no gradient
+        mask[row, span] = torch.tensor(t.model_mask, dtype=torch.float32) if t.origins else 1.0
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
         adv[row, span] = t.advantage
     ids, attn, mask, behav, adv = (x.to(device) for x in (ids, attn, mask, behav, adv))
@@ -309,7 +310,7 @@ class RLTrainer:
         """One AdamW step on ``trajs``: micro-batches, backward, clip, step."""
         mbs = mbs if mbs is not None else self._micro_batches(trajs)
         if normalizer is None:
-            n_tokens = sum(len(t.completion_ids) for t in trajs)
+            n_tokens = sum(t.num_model_tokens for t in trajs)
             normalizer = loss_normalizer(
                 self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
             )
