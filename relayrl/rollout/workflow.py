@@ -2,16 +2,19 @@
 
 Owns the workflow seam: :class:`RolloutWorkflow` (``run_group``), the request it gets
 (:class:`GroupRequest`), the services it may use (:class:`RolloutServices`: generation on
-the rollout servers, grading in the pool, decoding), what it returns (:class:`Sample`), the
-registry :data:`WORKFLOWS` with :func:`register_workflow`, and the built-in
-:class:`SingleTurnWorkflow` (one prompt → n completions in one batched request → graded in
-one call). ``rollout.workflow=<name>`` selects one; a multi-turn or tool-using episode is
-another subclass (docs/extending.md). The controller around it owns admission under the
+the rollout servers, grading in the pool, the tokenizer), what it returns (:class:`Sample`), the
+registry :data:`WORKFLOWS` with :func:`register_workflow`, and the built-ins:
+:class:`EpisodeWorkflow` (``episode``, the default: each sample an episode in its problem's
+environment, ``relayrl.rollout.environment``; a problem naming none is one completion, so
+its group is one batched generate call and one grade call) and :class:`SingleTurnWorkflow`
+(``single_turn``: always one turn). ``rollout.workflow=<name>`` selects one
+(docs/extending.md, docs/agents.md). The controller around it owns admission under the
 staleness bound, reward shaping, filtering and batching, so a workflow cannot break them:
 whatever it does, each token it returns carries the weight version and behaviour logprob
 the server reported for it.
 
-Imports: the engine's plain types, relayrl.tasks.base, the Trajectory record, relayrl.registry.
+Imports: the engine's plain types, relayrl.tasks.base, the Trajectory record, the
+environment seam, relayrl.registry.
 """
 
 from __future__ import annotations

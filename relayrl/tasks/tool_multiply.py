@@ -6,11 +6,11 @@ in its head, and a ``calc`` tool it may call (the ``calc`` environment,
     with the tool: <calc>347*68</calc>      (model turn, stops at </calc>)
                    <out>23596</out>         (observation: environment tokens)
                    #### 23596               (model turn)
-    guessing:      #### 23581
+    guessing:      #### 61830
 
 Demonstrations for the SFT warm start call the tool unless ``wrong`` (``sft.wrong_fraction``
-of them), in which case they guess: the product with its last ``guess_digits`` digits
-replaced at random (wrong by construction). The SFT model therefore calls the tool at about
+of them), in which case they guess: a random number of the product's length (wrong by
+construction, and unrelated to the operands, so the warm start learns no shortcut). The SFT model therefore calls the tool at about
 ``1 - wrong_fraction`` of its problems and is right about that often; RL raises both.
 Problems are graded by the ``#### N`` rule on the model's own text (``math`` grader).
 """
@@ -27,7 +27,6 @@ from relayrl.tasks.base import Problem, SyntheticTask
 class ToolMultiplyTask(SyntheticTask):
     digits_a: int = 3
     digits_b: int = 2
-    guess_digits: int = 2
     test_fraction: float = 0.1
     name: str = "tool_multiply"
 
@@ -38,9 +37,9 @@ class ToolMultiplyTask(SyntheticTask):
         return f"{a}*{b}", Problem(problem_id, f"Multiply {a}*{b}.", str(a * b), "math", meta)
 
     def _guess(self, product: int, rng: random.Random) -> int:
-        scale = 10**self.guess_digits
+        digits = len(str(product))
         while True:
-            guess = product // scale * scale + rng.randrange(scale)
+            guess = rng.randrange(10 ** (digits - 1), 10**digits)
             if guess != product:
                 return guess
 
