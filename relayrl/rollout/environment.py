@@ -124,6 +124,8 @@ def turn_params(
     """The sampling parameters of one model turn: the request's, with the turn's seed,
     the environment's stop strings and the budget left."""
     cap = env.max_turn_tokens or tokens_left
+    if turn == 0 and not env.stop and min(cap, tokens_left) >= base.max_new_tokens:
+        return base  # a plain request (the single-turn case): nothing to change
     return replace(
         base,
         max_new_tokens=max(1, min(cap, tokens_left)),
@@ -155,8 +157,8 @@ class Episode:
 
     def add_model(self, gen: Any, text: str) -> None:
         self.completion_ids += gen.output_ids
-        self.logprobs += [float(x) for x in gen.output_logprobs]
-        self.versions += [int(v) for v in gen.output_versions]
+        self.logprobs += gen.output_logprobs
+        self.versions += gen.output_versions
         self.origins += [ORIGIN_MODEL] * len(gen.output_ids)
         self.model_text.append(text)
         self.transcript.append(text)
@@ -219,10 +221,10 @@ async def run_episode(
         left = budget - len(episode.completion_ids)
         if left <= 0:
             return episode.end("token_budget", 0.0)
-        params = turn_params(env, base, turn, left)
         if turn == 0 and first is not None:
             gen = first
         else:
+            params = turn_params(env, base, turn, left)
             gen = await generate(prompt_ids + episode.completion_ids, params, key)
         text = gen.text if getattr(gen, "text", None) is not None else decode(gen.output_ids)
         episode.add_model(gen, text)

@@ -35,7 +35,7 @@ from relayrl.rollout.environment import (
     run_episode,
     turn_params,
 )
-from relayrl.rollout.trajectory import ORIGIN_MODEL, Trajectory
+from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.base import Problem
 
 
@@ -173,26 +173,32 @@ class EpisodeWorkflow(RolloutWorkflow):
                 for env, p in zip(envs, request.sampling, strict=True)
             ]
             firsts = await services.generate_group(prompt, params, request.key)
-        episodes = await asyncio.gather(
-            *(
-                run_episode(
-                    env,
-                    request.problem,
-                    request.prompt_ids,
-                    params,
-                    services.generate_one,
-                    services.encode_text,
-                    services.decode,
-                    request.key,
-                    request.submit_version,
-                    first=first,
-                    opening=opening,
-                )
-                for env, params, first, opening in zip(
-                    envs, request.sampling, firsts, openings, strict=True
-                )
+        runs = [
+            run_episode(
+                env,
+                request.problem,
+                request.prompt_ids,
+                params,
+                services.generate_one,
+                services.encode_text,
+                services.decode,
+                request.key,
+                request.submit_version,
+                first=first,
+                opening=opening,
             )
-        )
+            for env, params, first, opening in zip(
+                envs, request.sampling, firsts, openings, strict=True
+            )
+        ]
+        if all(first is not None for first in firsts) and all(
+            type(env) is SingleTurnEnvironment for env in envs
+        ):
+            # one-turn episodes whose turn is generated: nothing left that waits, so no
+            # task per episode (the single-turn path stays as cheap as a plain request)
+            episodes = [await run for run in runs]
+        else:  # episodes go on concurrently, each at its own pace
+            episodes = await asyncio.gather(*runs)
         generated = time.perf_counter()
         to_grade = [e for e in episodes if e.reward is None]
         if to_grade:
@@ -232,7 +238,7 @@ def trajectory_of_episode(
     """The trajectory of one episode: its tokens by origin, its reward and (``with_counters``:
     not for plain single-turn samples) the episode's counters. ``origins`` stays empty when
     every token is the model's."""
-    multi = any(o != ORIGIN_MODEL for o in episode.origins)
+    multi = episode.counters.get("env_tokens", 0) > 0
     return Trajectory(
         prompt_id=request.problem.id,
         group_id=request.key,
