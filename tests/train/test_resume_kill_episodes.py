@@ -10,31 +10,19 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 from collections import Counter
 
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import ORIGIN_ENV, ORIGIN_MODEL
 from relayrl.tasks.registry import make_task
 from tests.train.episode_env import TASK
-from tests.train.test_resume_kill import checkpointed, metric_steps, wait_for
+from tests.train.test_resume_kill import checkpointed, metric_steps, start, wait_for
 
 CLI = (
     "import sys, tests.train.episode_env; from relayrl.cli import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
 STEPS, B, N, ETA = 8, 2, 2, 2
-
-
-def start(args: list[str], delay: str) -> subprocess.Popen:
-    env = dict(os.environ, RELAYRL_TEST_CHECKPOINT_DELAY_S=delay)
-    return subprocess.Popen(
-        [sys.executable, "-c", CLI, "train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
 
 
 def test_kill_9_mid_episode_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
@@ -67,7 +55,8 @@ def test_kill_9_mid_episode_then_resume_loses_and_duplicates_nothing(tmp_path, t
     rng = random.Random(7)
     kills, outputs = [], []
     for trial, kind in enumerate(["random", "write"]):
-        proc = start(first if trial == 0 else ["--resume", str(run)], "0.4" * (kind == "write"))
+        args = first if trial == 0 else ["--resume", str(run)]
+        proc = start(args, "0.4" * (kind == "write"), CLI)
         target = checkpointed(run) + rng.randint(1, 2)
         try:
             alive = wait_for(lambda t=target: metric_steps(run) >= t, proc)
@@ -80,7 +69,7 @@ def test_kill_9_mid_episode_then_resume_loses_and_duplicates_nothing(tmp_path, t
             out, _ = proc.communicate(timeout=60)
             outputs.append(out.decode(errors="replace"))
     assert len(kills) == 2, outputs[-1][-2000:]
-    last = start(["--resume", str(run)], "")
+    last = start(["--resume", str(run)], "", CLI)
     out, _ = last.communicate(timeout=300)
     outputs.append(out.decode(errors="replace"))
     assert last.returncode == 0, outputs[-1][-3000:]
