@@ -22,7 +22,9 @@ class Section(BaseModel):
 class TaskConfig(Section):
     """The synthetic task the run trains and evaluates on."""
 
-    name: str = Field("arithmetic", description="synthetic task: arithmetic | countdown | tool_multiply")
+    name: str = Field(
+        "arithmetic", description="synthetic task: arithmetic | countdown | tool_multiply"
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="difficulty knobs passed to the task (e.g. max_steps, tail, max_value)",
