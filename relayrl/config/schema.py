@@ -22,7 +22,9 @@ class Section(BaseModel):
 class TaskConfig(Section):
     """The synthetic task the run trains and evaluates on."""
 
-    name: str = Field("arithmetic", description="synthetic task: arithmetic | countdown")
+    name: str = Field(
+        "arithmetic", description="synthetic task: arithmetic | countdown | tool_multiply"
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="difficulty knobs passed to the task (e.g. max_steps, tail, max_value)",
@@ -122,10 +124,11 @@ class VLLMConfig(Section):
 
 class RolloutConfig(Section):
     workflow: str = Field(
-        "single_turn",
+        "episode",
         description="rollout workflow, a name registered in relayrl.rollout.workflow.WORKFLOWS: "
-        "what one admitted prompt becomes (single_turn: n completions generated and graded "
-        "in one call each; docs/extending.md)",
+        "what one admitted prompt becomes (episode: each sample an episode in its problem's "
+        "environment, one model turn graded by the grader when it names none, docs/agents.md; "
+        "single_turn: always one turn; docs/extending.md)",
     )
     n_samples: int = Field(8, gt=0, description="completions per prompt (one group)")
     prompts_per_step: int = Field(

@@ -2,8 +2,9 @@
 
 Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_generation``,
 ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info``,
-``GET /get_server_info``. Request and response shapes follow SGLang's native API (see
-docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
+``GET /get_server_info``, and an OpenAI-compatible ``POST /v1/chat/completions`` with token
+ids, logprobs and versions (``relayrl.engine.chat``). Request and response shapes follow
+SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
 ``error`` names the field; a client that disconnects mid-request has its request aborted.
 
 Security: the server binds 127.0.0.1 by default; any other host requires an API key, and with
@@ -25,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.errors import RelayError
@@ -307,6 +309,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             "weight_version": version,
         }
 
+    add_chat_route(app, engine)  # OpenAI-compatible /v1/chat/completions
     return app
 
 

@@ -192,6 +192,22 @@ def chart_throughput(ax, logs: RunLogs) -> bool:
     )
 
 
+def chart_episodes(ax, logs: RunLogs) -> bool:
+    """Multi-turn runs: tool-call rate and turns per episode, in training and held out."""
+    ax.set(title="episodes: tool-call rate and turns per episode", xlabel="step")
+    return _lines(
+        ax,
+        logs,
+        [
+            ("episode_tool_calls_rate", "tool-call rate (train)"),
+            ("eval_episode_tool_calls_rate", "tool-call rate (held out)"),
+            ("episode_turns", "turns per episode (train)"),
+            ("eval_episode_turns", "turns per episode (held out)"),
+        ],
+        "step",
+    )
+
+
 CHARTS: dict[str, Callable] = {
     "reward_by_step": chart_reward,
     "reward_by_time": chart_reward_time,
@@ -211,6 +227,7 @@ CHARTS: dict[str, Callable] = {
     ),
     "time_split": chart_time_split,
     "throughput": chart_throughput,
+    "episodes": chart_episodes,
 }
 
 

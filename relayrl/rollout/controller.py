@@ -38,13 +38,14 @@ from relayrl.errors import RelayError
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import (
+    EpisodeWorkflow,
+    GenerateFn,
     GenerateGroupFn,
     GroupRequest,
     RolloutServices,
     RolloutWorkflow,
     Sample,
     ScoreGroupFn,
-    SingleTurnWorkflow,
 )
 from relayrl.tasks.base import Problem
 
@@ -146,7 +147,9 @@ class RolloutController:
 
     Call :meth:`start` inside a running event loop, :meth:`next_batch` from the training
     loop, :meth:`set_published_version` after every weight publication and :meth:`stop`
-    at the end. ``encode(problem) -> prompt ids``, ``decode(ids) -> text``.
+    at the end. ``encode(problem) -> prompt ids``, ``decode(ids) -> text``; for multi-turn
+    episodes ``generate`` (one request; default: a one-sample ``generate_group``) and
+    ``encode_text(text) -> ids`` (observations).
     """
 
     def __init__(
@@ -159,11 +162,16 @@ class RolloutController:
         decode: Callable[[list[int]], str],
         published_version: int = 0,
         workflow: RolloutWorkflow | None = None,
+        generate: GenerateFn | None = None,
+        encode_text: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.loader = loader
         self.opt = options
-        self.workflow = workflow if workflow is not None else SingleTurnWorkflow()
-        self._services = RolloutServices(generate_group, score_group, decode)
+        self.workflow = workflow if workflow is not None else EpisodeWorkflow()
+        extra: dict[str, Any] = {"generate": generate}
+        if encode_text is not None:
+            extra["encode_text"] = encode_text
+        self._services = RolloutServices(generate_group, score_group, decode, **extra)
         self._encode = encode
         self.published_version = published_version
         self.consumed_version = published_version  # batches handed out (trainer version)
@@ -332,7 +340,7 @@ class RolloutController:
         traj = sample.trajectory
         self.counters[f"reward_{traj.reward_status}"] += 1
         self.counters["resubmissions"] += sample.resubmissions
-        self._gen_tokens += len(traj.completion_ids)
+        self._gen_tokens += traj.num_model_tokens
         if self.opt.overlong_buffer > 0:
             traj.reward += overlong_penalty(
                 len(traj.completion_ids),

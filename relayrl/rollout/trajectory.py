@@ -1,9 +1,13 @@
-"""The Trajectory record: one sampled completion and everything training needs about it."""
+"""The Trajectory record: one sampled completion (or multi-turn episode) and everything
+training needs about it, every token with its origin (prompt, model, environment)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+ORIGIN_MODEL = 1  # sampled by the policy: behaviour logprob and version, trained
+ORIGIN_ENV = 2  # written by the environment (tool output, user turn): prefilled, never trained
 
 
 @dataclass
@@ -13,7 +17,17 @@ class Trajectory:
     ``behav_logprobs[i]`` and ``versions[i]`` belong to ``completion_ids[i]``: the logprob
     under the behaviour policy that sampled the token (temperature-scaled, see
     docs/engine.md) and the weight version that produced it. An interrupted request can span
-    several versions. ``advantage`` is set when the controller hands the batch out (over its
+    several versions.
+
+    A multi-turn episode keeps everything after the prompt in ``completion_ids``: model
+    turns and the environment's observations between them, told apart by ``origins``
+    (:data:`ORIGIN_MODEL` / :data:`ORIGIN_ENV` per completion token; empty means all model,
+    the single-turn case). Environment tokens were prefilled, never sampled: their
+    behaviour logprob is 0, their version that of the model token before them, and
+    :attr:`model_mask` excludes them from the loss. The staleness of an episode is its
+    oldest model token's. ``episode`` holds the episode's counters (turns, tool calls, ...).
+
+    ``advantage`` is set when the controller hands the batch out (over its
     complete groups), before any selection, so dropping samples later never changes a
     group's statistics.
     """
@@ -32,6 +46,8 @@ class Trajectory:
     advantage: float = 0.0
     times_trained: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    origins: list[int] = field(default_factory=list)
+    episode: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -40,15 +56,41 @@ class Trajectory:
                 f"trajectory {self.group_id}/{self.sample_index}: {n} completion tokens but "
                 f"{len(self.behav_logprobs)} logprobs and {len(self.versions)} versions"
             )
+        if self.origins and len(self.origins) != n:
+            raise ValueError(
+                f"trajectory {self.group_id}/{self.sample_index}: {n} completion tokens but "
+                f"{len(self.origins)} origins"
+            )
+
+    @property
+    def model_mask(self) -> list[bool]:
+        """Per completion token: sampled by the model (trained) or not (environment)."""
+        if not self.origins:
+            return [True] * len(self.completion_ids)
+        return [o == ORIGIN_MODEL for o in self.origins]
+
+    @property
+    def num_model_tokens(self) -> int:
+        if not self.origins:
+            return len(self.completion_ids)
+        return sum(o == ORIGIN_MODEL for o in self.origins)
+
+    def _model_versions(self) -> list[int]:
+        if not self.origins:
+            return self.versions
+        return [v for v, o in zip(self.versions, self.origins, strict=True) if o == ORIGIN_MODEL]
 
     @property
     def oldest_version(self) -> int:
-        """The behaviour version of the trajectory: its oldest token's (or submission's)."""
-        return min(self.versions) if self.versions else self.submit_version
+        """The behaviour version of the trajectory: its oldest model token's (or, with no
+        model token, the submission's)."""
+        versions = self._model_versions()
+        return min(versions) if versions else self.submit_version
 
     @property
     def newest_version(self) -> int:
-        return max(self.versions) if self.versions else self.submit_version
+        versions = self._model_versions()
+        return max(versions) if versions else self.submit_version
 
     def staleness(self, trainer_version: int) -> int:
         return trainer_version - self.oldest_version

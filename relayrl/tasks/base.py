@@ -74,3 +74,10 @@ class SyntheticTask(ABC):
     @abstractmethod
     def demonstration(self, problem: Problem, rng: random.Random, wrong: bool = False) -> str:
         """A worked completion ending in a ``#### ...`` line; ``wrong`` plants one bad step."""
+
+    def demonstration_segments(
+        self, problem: Problem, rng: random.Random, wrong: bool = False
+    ) -> list[tuple[str, bool]]:
+        """The demonstration as (text, written by the model) segments: a multi-turn task
+        marks its environment's observations False so SFT does not train on them."""
+        return [(self.demonstration(problem, rng, wrong), True)]

@@ -16,6 +16,7 @@ from relayrl.registry import Registry
 from relayrl.tasks.arithmetic import ArithmeticTask
 from relayrl.tasks.base import SyntheticTask
 from relayrl.tasks.countdown import CountdownTask
+from relayrl.tasks.tool_multiply import ToolMultiplyTask
 
 TASKS: Registry[type[SyntheticTask]] = Registry("task", SyntheticTask)
 
@@ -27,6 +28,7 @@ def register_task(cls: type[SyntheticTask]) -> type[SyntheticTask]:
 
 register_task(ArithmeticTask)
 register_task(CountdownTask)
+register_task(ToolMultiplyTask)
 
 
 def make_task(name: str, params: dict[str, Any] | None = None) -> SyntheticTask:

@@ -73,6 +73,7 @@ def eval_metrics(
         "eval_version": trainer.version,
         "eval_problems": report.num_problems,
         "time_eval_s": time.perf_counter() - start,
+        **{f"eval_episode_{k}": v for k, v in report.episode.items()},
     }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config.schema import RunConfig
+from relayrl.rollout.environment import episode_means
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import MetricSink, open_sinks, scalars
 
@@ -32,7 +33,15 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "response_len_max": float(max(lengths, default=0)),
         "truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
         "interrupted_frac": sum(len(set(t.versions)) > 1 for t in trajs) / n,
+        **episode_metrics(trajs),
     }
+
+
+def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``episode_<counter>`` means over the batch's episodes (``episode_turns``,
+    ``episode_tool_calls_rate``: the tool-call rate, ...); empty for single-turn batches."""
+    means = episode_means([t.episode for t in trajs if t.episode])
+    return {f"episode_{k}": v for k, v in means.items()}
 
 
 def sample_record(

@@ -191,6 +191,7 @@ class _Job:
         self.test_periodic = test[: config.train.eval_problems]
         self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
         self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.encode_text = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]
         self.logger = RunLogger.from_config(run_dir, config, self.decode, append=bool(resume_from))
         self.weights = weights_root(config, run_dir)
         self.resume_from = resume_from
@@ -311,6 +312,9 @@ class _Job:
             self.encode,
             self.decode,
             workflow=WORKFLOWS.lookup(cfg.rollout.workflow)(),
+            # later turns of multi-turn episodes: one request each, resubmitted after aborts
+            generate=lambda ids, params, key: client.generate(ids, params, key=key),
+            encode_text=self.encode_text,
         )
         first = await self._resume(controller)
         controller.start()

@@ -33,10 +33,24 @@ class SFTResult:
 
 def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
     """(input_ids, labels) with the prompt masked and EOS appended to the completion."""
-    prompt_ids = encode_prompt(tokenizer, prompt)
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    completion_ids = completion_ids + [tokenizer.eos_token_id]
-    return prompt_ids + completion_ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids
+    return encode_segments(tokenizer, prompt, [(completion, True)])
+
+
+def encode_segments(
+    tokenizer, prompt: str, segments: list[tuple[str, bool]]
+) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of a multi-turn demonstration: each segment encoded on its own
+    (as an episode encodes each turn and observation), the prompt and the segments not
+    written by the model (observations) masked, EOS appended as the model's."""
+    ids = encode_prompt(tokenizer, prompt)
+    labels = [IGNORE_INDEX] * len(ids)
+    for text, trained in segments:
+        part = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += part
+        labels += part if trained else [IGNORE_INDEX] * len(part)
+    ids.append(tokenizer.eos_token_id)
+    labels.append(tokenizer.eos_token_id)
+    return ids, labels
 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
@@ -103,8 +117,8 @@ class DemonstrationStream:
             self.rng.shuffle(self.order)
         problem = self.problems[self.order.pop()]
         wrong = self.rng.random() < self.wrong_fraction
-        completion = self.task.demonstration(problem, self.rng, wrong)
-        return encode_example(self.tokenizer, problem.prompt, completion)
+        segments = self.task.demonstration_segments(problem, self.rng, wrong)
+        return encode_segments(self.tokenizer, problem.prompt, segments)
 
     def next_batch(self, size: int) -> list[tuple[list[int], list[int]]]:
         if not self.ready:

@@ -131,7 +131,8 @@ def _collate(
         attn[row, :n] = 1
         span = slice(p - 1, p - 1 + c)  # logits at position i predict token i + 1
         spans.append(span)
-        mask[row, span] = 1.0
+        # only model tokens are trained: environment tokens (tool output) get no gradient
+        mask[row, span] = torch.tensor(t.model_mask, dtype=torch.float32) if t.origins else 1.0
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
         adv[row, span] = t.advantage
     ids, attn, mask, behav, adv = (x.to(device) for x in (ids, attn, mask, behav, adv))
@@ -340,8 +341,9 @@ class RLTrainer:
         return stats, sum(len(t.completion_ids) for t in trajs)
 
     def _count_tokens(self, trajs: Sequence[Trajectory], mbs: list[_MicroBatch]) -> int:  # noqa: ARG002
-        """Completion tokens of the optimizer step (the token-mean normaliser)."""
-        return sum(len(t.completion_ids) for t in trajs)
+        """Model-generated completion tokens of the optimizer step (the token-mean
+        normaliser; environment tokens of multi-turn episodes take no loss)."""
+        return sum(t.num_model_tokens for t in trajs)
 
     def _clip_gradients(self) -> float:
         """Clip the gradient to ``optim.grad_clip`` (global norm); returns the norm before."""

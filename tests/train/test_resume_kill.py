@@ -51,10 +51,10 @@ def wait_for(condition, proc, timeout=120.0) -> bool:
     return True
 
 
-def start(args: list[str], delay: str) -> subprocess.Popen:
+def start(args: list[str], delay: str, cli: str = CLI) -> subprocess.Popen:
     env = dict(os.environ, RELAYRL_TEST_CHECKPOINT_DELAY_S=delay)
     return subprocess.Popen(
-        [sys.executable, "-c", CLI, "train", *args],
+        [sys.executable, "-c", cli, "train", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
