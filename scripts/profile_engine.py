@@ -51,7 +51,7 @@ def main() -> None:
         if args.cuda_activity:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof, torch.inference_mode():
-            while engine._running or engine._waiting:
+            while engine.scheduler.has_work():
                 engine.step()
         assert all(f.done() for f in futures)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))

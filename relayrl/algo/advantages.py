@@ -1,24 +1,25 @@
 """Outcome advantages from group rewards, and DAPO's reward shaping helpers.
 
-Owns: ``compute_advantages`` (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline), the DAPO soft
-overlong penalty and the DAPO dynamic-sampling test. Everything here works on plain Python
+Owns: the advantage-estimator seam (:class:`AdvantageEstimator`, :data:`ADVANTAGES`,
+:func:`register_advantage`; built in: GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline),
+``compute_advantages``, the DAPO soft overlong penalty and the DAPO dynamic-sampling test. Everything here works on plain Python
 floats: a group is the list of rewards of the completions of one prompt, and an advantage is
 one number per completion (the trainer broadcasts it over the completion's tokens).
 
-Advantages are computed when a group completes, before any selection or replay, so dropping
-samples later never changes a group's statistics (see DESIGN.md, "Trajectory").
+Advantages are computed once per training batch, by the rollout controller as it hands the
+batch out, before any selection or replay, so dropping samples later never changes a group's
+statistics (see DESIGN.md, "Trajectory").
 
-Imports: the standard library only (torch is not needed for this arithmetic).
+Imports: the standard library and relayrl.registry (torch is not needed for this arithmetic).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import ClassVar
 
-AdvantageMethod = Literal["grpo", "drgrpo", "rloo", "reinforce_pp_baseline"]
-ADVANTAGE_METHODS: tuple[str, ...] = get_args(AdvantageMethod)
+from relayrl.registry import Registry
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -61,35 +62,94 @@ def _reinforce_pp_baseline(groups: Sequence[Sequence[float]], eps: float) -> lis
     return [[a / (s + eps) for a in g] for g in centred]
 
 
+class AdvantageEstimator:
+    """The seam for advantage estimators: subclass, set ``name``, implement ``compute``, add
+    the class with :func:`register_advantage`; ``algo.advantage=<name>`` then selects it.
+
+    ``compute`` sees the rewards of a whole training batch (one list per group) and returns
+    one advantage per sample, same nesting; the rollout controller calls it once per batch,
+    so per-group and batch-level baselines are the same kind of thing."""
+
+    name: ClassVar[str]
+
+    def compute(self, rewards_by_group: Sequence[Sequence[float]], eps: float) -> list[list[float]]:
+        raise NotImplementedError
+
+
+class GRPO(AdvantageEstimator):
+    """``(r − mean_g) / (std_g + eps)``."""
+
+    name = "grpo"
+
+    def compute(self, rewards_by_group: Sequence[Sequence[float]], eps: float) -> list[list[float]]:
+        return [_grpo(g, eps) for g in rewards_by_group]
+
+
+class DrGRPO(AdvantageEstimator):
+    """``r − mean_g`` (Dr.GRPO: no std; pair it with ``seq_sum`` aggregation)."""
+
+    name = "drgrpo"
+
+    def compute(self, rewards_by_group: Sequence[Sequence[float]], eps: float) -> list[list[float]]:
+        return [_drgrpo(g) for g in rewards_by_group]
+
+
+class RLOO(AdvantageEstimator):
+    """``r_i − mean_{j≠i} r_j`` (leave-one-out baseline)."""
+
+    name = "rloo"
+
+    def compute(self, rewards_by_group: Sequence[Sequence[float]], eps: float) -> list[list[float]]:
+        return [_rloo(g) for g in rewards_by_group]
+
+
+class ReinforcePPBaseline(AdvantageEstimator):
+    """``(r − mean_g) / (std_batch + eps)``, the std over the centred values of every sample
+    in the batch."""
+
+    name = "reinforce_pp_baseline"
+
+    def compute(self, rewards_by_group: Sequence[Sequence[float]], eps: float) -> list[list[float]]:
+        return _reinforce_pp_baseline(rewards_by_group, eps)
+
+
+ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry("advantage method", AdvantageEstimator)
+
+
+def register_advantage(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
+    """Make ``cls`` selectable as ``algo.advantage=cls.name`` (usable as a class decorator)."""
+    return ADVANTAGES.add_class(cls)
+
+
+for _builtin in (GRPO, DrGRPO, RLOO, ReinforcePPBaseline):
+    register_advantage(_builtin)
+
+
+def advantage_estimator(name: str) -> AdvantageEstimator:
+    """An instance of the registered estimator ``name``; a ``ValueError`` lists the known."""
+    return ADVANTAGES.lookup(name)()
+
+
 def compute_advantages(
     rewards_by_group: Sequence[Sequence[float]],
-    method: AdvantageMethod,
+    method: str,
     eps: float = 1e-6,
 ) -> list[list[float]]:
-    """Per-sample advantages, same nesting as ``rewards_by_group``.
-
-    - ``grpo``: ``(r − mean_g) / (std_g + eps)``.
-    - ``drgrpo``: ``r − mean_g`` (Dr.GRPO: no std; pair it with ``seq_sum`` aggregation).
-    - ``rloo``: ``r_i − mean_{j≠i} r_j`` (leave-one-out baseline).
-    - ``reinforce_pp_baseline``: ``(r − mean_g) / (std_batch + eps)``, the std taken over
-      the centred values of every sample in the batch (so pass the whole step's groups).
+    """Per-sample advantages, same nesting as ``rewards_by_group``, by the registered
+    estimator ``method`` (built in: ``grpo``, ``drgrpo``, ``rloo``,
+    ``reinforce_pp_baseline``; see each class). Pass the whole step's groups: batch-level
+    estimators need them.
 
     Standard deviations are unbiased (divide by n − 1, as ``torch.std`` in TRL and verl);
-    a group of one sample gets advantage 0 under every method.
+    a group of one sample gets advantage 0 under every built-in method.
     """
-    if method not in ADVANTAGE_METHODS:
-        raise ValueError(
-            f"unknown advantage method {method!r}; expected one of {ADVANTAGE_METHODS}"
-        )
+    estimator = advantage_estimator(method)
     if any(len(g) == 0 for g in rewards_by_group):
         raise ValueError("every group needs at least one reward")
-    if method == "reinforce_pp_baseline":
-        return _reinforce_pp_baseline(rewards_by_group, eps)
-    if method == "grpo":
-        return [_grpo(g, eps) for g in rewards_by_group]
-    if method == "drgrpo":
-        return [_drgrpo(g) for g in rewards_by_group]
-    return [_rloo(g) for g in rewards_by_group]
+    advantages = estimator.compute(rewards_by_group, eps)
+    if [len(a) for a in advantages] != [len(g) for g in rewards_by_group]:
+        raise ValueError(f"advantage estimator {method!r} returned the wrong shape")
+    return advantages
 
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty: float = 1.0) -> float:

@@ -1,8 +1,11 @@
 """Token-level policy losses: PPO (sync / naive async), decoupled PPO (AReaL), rollout
 importance correction (verl/TRL style), dual clip, KL to a reference policy.
 
-Owns: ``LossConfig``, ``policy_loss`` (the one loss entry point the trainer calls per
-micro-batch), ``loss_normalizer`` (the global normaliser for a whole training step), the KL
+Owns: ``LossConfig``, the policy-loss seam (:class:`PolicyLoss`, :data:`LOSSES`,
+:func:`register_loss`: a new objective is one subclass plus one registry line, see
+docs/extending.md), ``policy_loss`` (the one loss entry point the trainer calls per
+micro-batch: validation, KL, coefficients, masking and statistics shared by every
+objective), ``loss_normalizer`` (the global normaliser for a whole training step), the KL
 estimators and ``entropy_from_logits``.
 
 Conventions. Every per-token tensor has the same shape: flat ``[T]`` (packed sequences, then
@@ -18,18 +21,20 @@ accumulating gradients therefore gives exactly the gradient of the whole step, h
 step was split. Masked-out importance weights (``is_mode="mask"``) zero a token's loss but do
 not change the normaliser, for the same reason.
 
-Imports: torch only.
+Imports: torch, relayrl.registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor
 
-LossName = Literal["ppo", "decoupled"]
+from relayrl.registry import Registry
+
 ISLevel = Literal["none", "token", "sequence", "geometric"]
 ISMode = Literal["truncate", "mask"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -46,8 +51,9 @@ def _check_choice(name: str, value: str, literal: object) -> None:
 class LossConfig:
     """Knobs of the policy loss.
 
-    - ``loss``: ``"ppo"`` (ratio π_θ/μ; sync PPO at η = 0, naive async "bypass" at η > 0) or
-      ``"decoupled"`` (AReaL: ``w = sg(π_prox/μ)``, ``u = π_θ/π_prox``).
+    - ``loss``: the name of a registered :class:`PolicyLoss`: ``"ppo"`` (ratio π_θ/μ; sync
+      PPO at η = 0, naive async "bypass" at η > 0), ``"decoupled"`` (AReaL:
+      ``w = sg(π_prox/μ)``, ``u = π_θ/π_prox``) or one added with :func:`register_loss`.
     - ``eps_low`` / ``eps_high``: clip range ``[1 − eps_low, 1 + eps_high]`` (DAPO
       clip-higher when ``eps_high > eps_low``).
     - ``dual_clip``: constant ``c > 1``; for ``A < 0`` the token loss is capped at ``−c·A``.
@@ -62,7 +68,7 @@ class LossConfig:
       (total completion tokens in the step) or ``"seq_sum"`` (Dr.GRPO: sequences × max_len).
     """
 
-    loss: LossName = "decoupled"
+    loss: str = "decoupled"
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
@@ -75,7 +81,7 @@ class LossConfig:
     aggregation: Aggregation = "token_mean"
 
     def __post_init__(self) -> None:
-        _check_choice("loss", self.loss, LossName)
+        loss_class(self.loss)  # raises on an unknown name
         _check_choice("is_level", self.is_level, ISLevel)
         _check_choice("is_mode", self.is_mode, ISMode)
         _check_choice("kl_estimator", self.kl_estimator, KLEstimator)
@@ -84,8 +90,11 @@ class LossConfig:
             raise ValueError("need 0 <= eps_low < 1 and eps_high >= 0")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError("dual_clip must be > 1 (or None)")
-        if self.is_level != "none" and self.loss != "decoupled":
-            raise ValueError("rollout importance correction (is_level) needs loss='decoupled'")
+        if self.is_level != "none" and not loss_class(self.loss).uses_behaviour_weight:
+            raise ValueError(
+                f"rollout importance correction (is_level) needs a loss that weights by "
+                f"π_prox/μ (e.g. 'decoupled'), not {self.loss!r}"
+            )
         if self.is_cap <= 0.0:
             raise ValueError("is_cap must be > 0")
         if self.kl_coef < 0.0:
@@ -140,6 +149,33 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) 
     if estimator == "k3":
         return torch.expm1(rho) - rho
     raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def engine_trainer_kl(
+    behav_logprobs: Sequence[Sequence[float]],
+    versions: Sequence[Sequence[int]],
+    prox_logprobs: Sequence[Tensor] | None,
+    version: int,
+) -> dict[str, float]:
+    """``{"engine_trainer_kl_k3": mean k3, "engine_trainer_kl_tokens": n}`` over the tokens
+    that the rollout engine sampled with weight ``version``, the trainer's current weights:
+    k3 = e^ρ − 1 − ρ with ρ = log π_trainer − log μ_engine estimates KL(μ ‖ π) from μ's samples,
+    so it is the numerical mismatch between the engine's behaviour logprobs and the trainer's
+    recompute on the same weights (zero for an exact engine). Empty when ``prox_logprobs`` is
+    None or no token is of ``version``."""
+    if prox_logprobs is None:
+        return {}
+    total, count = 0.0, 0
+    for behav, vers, prox in zip(behav_logprobs, versions, prox_logprobs, strict=True):
+        same = torch.tensor([v == version for v in vers], dtype=torch.bool)
+        if not bool(same.any()):
+            continue
+        rho = prox.detach().float().cpu()[same] - torch.tensor(behav, dtype=torch.float32)[same]
+        total += float((torch.expm1(rho) - rho).sum())
+        count += int(same.sum())
+    if count == 0:
+        return {}
+    return {"engine_trainer_kl_k3": total / count, "engine_trainer_kl_tokens": float(count)}
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -217,6 +253,112 @@ def _masked_max(x: Tensor, m: Tensor) -> float:
     return float(sel.max().item()) if sel.numel() else 0.0
 
 
+@dataclass
+class TokenInputs:
+    """What an objective sees of one (micro-)batch: flat ``[T]`` tensors, zero outside
+    ``mask``; everything but ``logprobs`` (π_θ, with gradient) is detached. ``prox`` is
+    present when the loss ``needs_prox``; ``seq`` (sequence index per token) when the
+    importance level is per sequence."""
+
+    logprobs: Tensor
+    behav: Tensor
+    advantages: Tensor
+    mask: Tensor
+    num_tokens: int
+    prox: Tensor | None = None
+    log_is_weight: Tensor | None = None
+    seq: Tensor | None = None
+
+
+@dataclass
+class TokenLoss:
+    """An objective's answer: the per-token loss ``ℓ_t`` (before KL, coefficients and
+    masking, which ``policy_loss`` applies to every objective), the ratio it clipped, which
+    tokens the clip and the dual clip hit, the policy the behaviour KL statistic is measured
+    from (``anchor``: π_prox or π_θ) and any statistics of its own."""
+
+    per_token: Tensor
+    ratio: Tensor
+    clip_hit: Tensor
+    dual_hit: Tensor
+    anchor: Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class PolicyLoss:
+    """The seam for policy objectives: subclass, set ``name``, implement ``token_loss``, and
+    add the class with :func:`register_loss`; ``algo.loss=<name>`` then selects it.
+
+    ``needs_prox``: the trainer runs the no-grad proximal pass and passes ``prox``.
+    ``uses_behaviour_weight``: the objective weights tokens by ``π_prox/μ`` and so accepts
+    the rollout importance corrections (``algo.is_level``)."""
+
+    name: ClassVar[str]
+    needs_prox: ClassVar[bool] = False
+    uses_behaviour_weight: ClassVar[bool] = False
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        raise NotImplementedError
+
+
+class PPOLoss(PolicyLoss):
+    """``ℓ = −min(r·A, clip(r)·A)`` with ``r = π_θ/μ``: sync PPO at η = 0, naive async
+    ("bypass") on stale μ."""
+
+    name = "ppo"
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        ratio = torch.exp(inputs.logprobs - inputs.behav)
+        loss, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg)
+        return TokenLoss(loss, ratio, clip_hit, dual_hit, anchor=inputs.logprobs.detach())
+
+
+class DecoupledLoss(PolicyLoss):
+    """AReaL's decoupled PPO: ``ℓ = −w · min(u·A, clip(u)·A)``, ``u = π_θ/π_prox``,
+    ``w = sg(π_prox/μ)`` formed at ``cfg.is_level`` and truncated or masked by
+    ``cfg.is_mode`` (``log_is_weight`` replaces ``log(π_prox/μ)`` when given)."""
+
+    name = "decoupled"
+    needs_prox = True
+    uses_behaviour_weight = True
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        assert inputs.prox is not None
+        m, n_tok = inputs.mask, inputs.num_tokens
+        ratio = torch.exp(inputs.logprobs - inputs.prox)
+        log_w = (
+            inputs.log_is_weight if inputs.log_is_weight is not None else inputs.prox - inputs.behav
+        )
+        weight, raw, keep = _behaviour_weights(log_w, m, cfg, inputs.seq)
+        stats = {
+            "is_weight_mean": _masked_mean(raw, m, n_tok),
+            "is_weight_max": _masked_max(raw, m),
+        }
+        if cfg.is_level != "none" and cfg.is_mode == "truncate":
+            stats["is_truncated_frac"] = _masked_mean((raw > cfg.is_cap).to(m.dtype), m, n_tok)
+        if cfg.is_level != "none" and cfg.is_mode == "mask":
+            stats["is_masked_frac"] = _masked_mean((~keep).to(m.dtype), m, n_tok)
+        pg, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg)
+        return TokenLoss(weight * pg, ratio, clip_hit, dual_hit, anchor=inputs.prox, stats=stats)
+
+
+LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss)
+
+
+def register_loss(cls: type[PolicyLoss]) -> type[PolicyLoss]:
+    """Make ``cls`` selectable as ``algo.loss=cls.name`` (usable as a class decorator)."""
+    return LOSSES.add_class(cls)
+
+
+def loss_class(name: str) -> type[PolicyLoss]:
+    """The registered objective called ``name``; a ``ValueError`` lists the known ones."""
+    return LOSSES.lookup(name)
+
+
+register_loss(PPOLoss)
+register_loss(DecoupledLoss)
+
+
 def policy_loss(
     logprobs: Tensor,
     behav_logprobs: Tensor,
@@ -258,8 +400,8 @@ def policy_loss(
     ):
         if t.shape != shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != mask shape {tuple(shape)}")
-    if cfg.loss == "decoupled" and prox_logprobs is None:
-        raise ValueError("the decoupled loss needs prox_logprobs")
+    if loss_class(cfg.loss).needs_prox and prox_logprobs is None:
+        raise ValueError(f"the {cfg.loss!r} loss needs prox_logprobs")
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if normalizer <= 0:
@@ -276,29 +418,23 @@ def policy_loss(
     n_tok = int(on.sum().item())
     stats: dict[str, float] = {"n_tokens": float(n_tok)}
 
-    if cfg.loss == "ppo":
-        ratio = torch.exp(logp - behav)
-        weight = torch.ones_like(logp)
-        anchor = logp.detach()  # for the behaviour KL stat: current policy vs μ
-    else:
-        assert prox_logprobs is not None
-        prox = flat(prox_logprobs).detach()
-        ratio = torch.exp(logp - prox)
-        log_w = flat(log_is_weight).detach() if log_is_weight is not None else prox - behav
-        seq = None
-        if cfg.is_level in ("sequence", "geometric"):
-            seq = sequence_index(shape, seq_ids, m.device)
-        weight, raw, keep = _behaviour_weights(log_w, m, cfg, seq)
-        anchor = prox
-        stats["is_weight_mean"] = _masked_mean(raw, m, n_tok)
-        stats["is_weight_max"] = _masked_max(raw, m)
-        if cfg.is_level != "none" and cfg.is_mode == "truncate":
-            stats["is_truncated_frac"] = _masked_mean((raw > cfg.is_cap).to(m.dtype), m, n_tok)
-        if cfg.is_level != "none" and cfg.is_mode == "mask":
-            stats["is_masked_frac"] = _masked_mean((~keep).to(m.dtype), m, n_tok)
-
-    pg, clip_hit, dual_hit = _clipped_loss(ratio, adv, cfg)
-    per_token = weight * pg
+    inputs = TokenInputs(
+        logprobs=logp,
+        behav=behav,
+        advantages=adv,
+        mask=m,
+        num_tokens=n_tok,
+        prox=flat(prox_logprobs).detach() if prox_logprobs is not None else None,
+        log_is_weight=flat(log_is_weight).detach() if log_is_weight is not None else None,
+        seq=(
+            sequence_index(shape, seq_ids, m.device)
+            if cfg.is_level in ("sequence", "geometric")
+            else None
+        ),
+    )
+    token = loss_class(cfg.loss)().token_loss(inputs, cfg)
+    stats.update(token.stats)
+    per_token = token.per_token
     if cfg.kl_coef > 0:
         assert ref_logprobs is not None
         kl = kl_estimate(logp, flat(ref_logprobs).detach(), cfg.kl_estimator)
@@ -309,12 +445,12 @@ def policy_loss(
     per_token = torch.where(on, per_token, torch.zeros_like(per_token))
     loss_sum = per_token.sum()
 
-    log_rho = anchor - behav
+    log_rho = token.anchor - behav
     stats["behav_kl_k3"] = _masked_mean(torch.expm1(log_rho) - log_rho, m, n_tok)
-    stats["ratio_mean"] = _masked_mean(ratio.detach(), m, n_tok)
-    stats["clip_frac"] = _masked_mean(clip_hit.to(m.dtype), m, n_tok)
+    stats["ratio_mean"] = _masked_mean(token.ratio.detach(), m, n_tok)
+    stats["clip_frac"] = _masked_mean(token.clip_hit.to(m.dtype), m, n_tok)
     if cfg.dual_clip is not None:
-        stats["dual_clip_frac"] = _masked_mean(dual_hit.to(m.dtype), m, n_tok)
+        stats["dual_clip_frac"] = _masked_mean(token.dual_hit.to(m.dtype), m, n_tok)
     if entropy is not None:
         ent = entropy_from_logits(entropy) if entropy.dim() == len(shape) + 1 else entropy
         stats["entropy"] = _masked_mean(flat(ent.detach()), m, n_tok)

@@ -23,12 +23,12 @@ Imports: the config loader, model building and the RL job (``relayrl.train.rl``)
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from relayrl.config.budget import RunBudget
+from relayrl.report.logs import read_jsonl
 
 HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
 
@@ -112,9 +112,9 @@ def _overrides(
 
 def measure(run_dir: Path) -> dict[str, float]:
     """Trained tokens, loop seconds and mean stage times from a run's logs."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "train_tokens" in r]
-    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = read_jsonl(run_dir / "samples.jsonl")
     tokens = sum(s["completion_tokens"] for s in samples)
     seconds = steps[-1]["elapsed_s"]
     n = len(steps)

@@ -7,7 +7,7 @@ spawned process, one after the other, while this process samples the RSS of that
 tree (psutil; rollout servers and grading workers included) for the peak memory.
 
 Held-out pass@1 is measured the same way on every side: relayrl's evaluator
-(``relayrl.train.rl.evaluate_model``, T = 1) on the same held-out problems every
+(``relayrl.train.loop.evaluate_model``, T = 1) on the same held-out problems every
 ``--eval-every`` steps (relayrl's own periodic evaluation; a ``TrainerCallback`` for TRL).
 **Evaluation time is excluded** from every side's wall clock; relayrl's clock starts when its
 rollout servers are up, TRL's at ``on_train_begin``. Outputs (``--out``, default
@@ -32,6 +32,7 @@ from typing import Any
 
 from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
+from relayrl.report.logs import read_jsonl
 
 HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a held-out pass@1"
 
@@ -225,7 +226,7 @@ def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideRes
 
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)
-    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
     return relayrl_curve(side, rows, s.samples_per_step)
 
 
@@ -259,7 +260,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     from relayrl.models.loading import PLAIN_TEMPLATE, encode_prompt, load_model, load_tokenizer
     from relayrl.rewards.dispatch import score
     from relayrl.tasks.registry import make_task
-    from relayrl.train.rl import evaluate_model
+    from relayrl.train.loop import evaluate_model
     from relayrl.train.trainer import lr_factor
 
     torch.set_num_threads(TRL_THREADS)

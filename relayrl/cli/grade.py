@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", type=Path, help="folder with the benchmark files")
     parser.add_argument("--workers", type=int, default=2, help="grading processes (default 2)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per item")
-    parser.add_argument("--grader", choices=["math", "code"], help="grader for a user file")
+    parser.add_argument(
+        "--grader",
+        help="grader of a user file: math | code | countdown | a registered one (default: "
+        "recognised from the file's fields)",
+    )
     parser.add_argument("--id-field", help="id field of a user file (default id)")
     parser.add_argument("--prompt-field", help="prompt field of a user file (default prompt)")
     parser.add_argument("--answer-field", help="answer field of a user file (default answer)")
@@ -67,8 +71,12 @@ def read_predictions(path: Path, known: set[str]) -> tuple[list[tuple[int, str, 
 
 
 def run(args: argparse.Namespace) -> int:
+    from relayrl.rewards.dispatch import GRADERS
     from relayrl.rewards.pool import GradingPool
     from relayrl.tasks.datasets import FieldMap, load_problems
+
+    if args.grader is not None and args.grader not in GRADERS:
+        raise RelayError(f"--grader {args.grader!r} is unknown; expected one of {sorted(GRADERS)}")
 
     fields = None
     if args.id_field or args.prompt_field or args.answer_field:
@@ -77,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         )
     problems = load_problems(args.data, data_root=args.data_root, fields=fields, grader=args.grader)
     by_id = {p.id: p for p in problems}
+    graders = sorted({p.grader for p in problems})
+    how = "as given" if args.grader else "recognised from the dataset"
+    print(f"grading {args.data} with grader {', '.join(graders)} ({how})", file=sys.stderr)
     rows, issues = read_predictions(args.predictions, set(by_id))
     for message in issues:
         print(message, file=sys.stderr)

@@ -33,20 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from relayrl.engine.server import check_bind
-
-    check_bind(args.host, args.api_key)  # before loading anything
-    if args.threads < 1:
-        raise RelayError("--threads must be >= 1")
-    import torch
-
-    from relayrl.engine.engine import Engine
-    from relayrl.engine.server import serve
+    from relayrl.engine.serve import ServeOptions, serve_main
     from relayrl.engine.types import EngineOptions
 
-    torch.set_num_threads(args.threads)
     try:
-        options = EngineOptions(
+        engine = EngineOptions(
             device=args.device,
             dtype=args.dtype,
             max_running_requests=args.max_running_requests,
@@ -56,9 +47,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise RelayError(str(exc)) from exc
-    engine = Engine.from_pretrained(args.model, options)
-    try:
-        serve(engine, args.host, args.port, args.api_key, access_log=args.access_log)
-    finally:
-        engine.shutdown()
-    return 0
+    options = ServeOptions(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        threads=args.threads,
+        access_log=args.access_log,
+        engine=engine,
+    )
+    return serve_main(options)

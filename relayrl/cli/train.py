@@ -92,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
         result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
     print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
+    if result.summary.get("publications"):
+        print(
+            f"publications={result.summary['publications']} "
+            f"publish_latency_mean_s={result.summary['publish_latency_mean_s']:.3f} "
+            f"(rollout.engine={result.summary['rollout_engine']})"
+        )
     if result.final_pass_at_1 is not None:
         print(f"final_pass@1={result.final_pass_at_1:.2f}")
     return 0

@@ -200,3 +200,14 @@ def _nest(key: str, value: Any) -> dict:
 
 def save_config(config: RunConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def prepare_run_dir(config: RunConfig) -> Path:
+    """Create ``<output_dir>/<name>/`` and write the resolved config into it."""
+    run_dir = Path(config.output_dir) / config.name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+    except OSError as exc:
+        raise RelayError(f"cannot write the run directory {str(run_dir)!r}: {exc}") from exc
+    return run_dir

@@ -10,6 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from relayrl.algo.advantages import advantage_estimator
+from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.rollout.workflow import WORKFLOWS
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -83,7 +87,46 @@ class RuntimeConfig(Section):
 # docs/async.md for how they interact (admission bound, publication, thread budget).
 
 
+class VLLMConfig(Section):
+    """The vLLM rollout backend (`rollout.engine=vllm`, docs/engine.md "vLLM backend")."""
+
+    python: str | None = Field(
+        None,
+        description="interpreter of the vLLM environment (null: .venv-vllm/bin/python of the "
+        "current directory or of the relayrl checkout, built by `make vllm`); GPU users "
+        "point it at their own CUDA vLLM install",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="more arguments for vLLM's OpenAI server (e.g. [--gpu-memory-utilization, "
+        "'0.5'])",
+    )
+    kv_cache_gib: int = Field(
+        1, gt=0, description="CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    threads_bind: str = Field(
+        "nobind",
+        description="VLLM_CPU_OMP_THREADS_BIND: nobind, auto, or core ids such as '0-1' "
+        "(one entry per server separated by '|')",
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of the first server (server i: port + i); null = free ports",
+    )
+    enforce_eager: bool = Field(
+        True, description="--enforce-eager (no graph capture: fast start, CPU default)"
+    )
+
+
 class RolloutConfig(Section):
+    workflow: str = Field(
+        "single_turn",
+        description="rollout workflow, a name registered in relayrl.rollout.workflow.WORKFLOWS: "
+        "what one admitted prompt becomes (single_turn: n completions generated and graded "
+        "in one call each; docs/extending.md)",
+    )
     n_samples: int = Field(8, gt=0, description="completions per prompt (one group)")
     prompts_per_step: int = Field(
         16, gt=0, description="B: groups (prompts) per training step; a step trains B·n samples"
@@ -133,29 +176,58 @@ class RolloutConfig(Section):
     server_hang_timeout_s: float = Field(
         60.0, gt=0, description="a live server process not answering /health this long is hung"
     )
+    engine: Literal["builtin", "vllm"] = Field(
+        "builtin",
+        description="rollout backend: builtin (`relayrl serve`) or vllm (a vLLM OpenAI server "
+        "with its RL endpoints, started from rollout.vllm.python)",
+    )
+    server_urls: list[str] = Field(
+        default_factory=list,
+        description="servers someone else started (of rollout.engine's kind, serving "
+        "model.path): none is launched or restarted; empty = launch rollout.num_servers",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("server_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout.server_urls: {url!r} is not an http(s):// URL")
+        return [u.rstrip("/") for u in urls]
+
+    @field_validator("workflow")
+    @classmethod
+    def _registered_workflow(cls, name: str) -> str:
+        WORKFLOWS.lookup(name)
+        return name
 
 
 class AlgoConfig(Section):
-    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp_baseline"] = Field(
-        "grpo", description="group advantage estimator"
+    advantage: str = Field(
+        "grpo",
+        description="advantage estimator, a name registered in relayrl.algo.advantages."
+        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline, or your own "
+        "(docs/extending.md)",
     )
-    loss: Literal["ppo", "decoupled"] = Field(
+    loss: str = Field(
         "decoupled",
-        description="ppo: ratio π_θ/μ (sync PPO at η=0, naive async above); decoupled: AReaL's "
-        "w·min(u·A, clip(u)·A) with u = π_θ/π_prox, w = π_prox/μ",
+        description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
+        "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
+        "with u = π_θ/π_prox, w = π_prox/μ; or your own (docs/extending.md)",
     )
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
-    is_level: Literal["none", "token", "sequence", "geometric"] = Field(
+    is_level: ISLevel = Field(
         "none", description="rollout importance correction of w (decoupled loss only)"
     )
-    is_mode: Literal["truncate", "mask"] = Field("truncate", description="truncate or mask w")
+    is_mode: ISMode = Field("truncate", description="truncate or mask w")
     is_cap: float = Field(2.0, gt=0, description="upper bound C of the importance weight")
     is_floor: float | None = Field(None, description="lower bound for mask mode (null = 1/C)")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "seq_sum"] = Field(
+    kl_estimator: KLEstimator = "k3"
+    aggregation: Aggregation = Field(
         "token_mean", description="global normaliser of the step (seq_sum: Dr.GRPO)"
     )
     overlong_buffer: int = Field(
@@ -165,6 +237,18 @@ class AlgoConfig(Section):
     dynamic_sampling: bool = Field(
         True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _registered_loss(cls, name: str) -> str:
+        loss_class(name)  # a ValueError names the registered losses
+        return name
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, name: str) -> str:
+        advantage_estimator(name)
+        return name
 
 
 class OptimConfig(Section):

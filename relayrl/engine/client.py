@@ -211,7 +211,7 @@ class RolloutClient:
             if status >= 400:
                 text = body.decode("utf-8", "replace")
                 raise RolloutServerError(url, f"{path} -> HTTP {status}: {text}", status)
-            return jsonlib.loads(body)
+            return jsonlib.loads(body) if body else None
         raise RolloutServerError(
             url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
         ) from last
@@ -277,14 +277,29 @@ class RolloutClient:
         key: str | None = None,
         url: str | None = None,
     ) -> Generation:
-        """One ``/generate`` call, no resubmission."""
+        """One generate call (:attr:`GENERATE_PATH`), no resubmission."""
         url = url or self.server_for(key)
-        body = {
+        body = self.generate_body(input_ids, sampling_params)
+        return self.parse_generation(
+            url, await self._request("POST", url, self.GENERATE_PATH, body)
+        )
+
+    # the wire protocol of one generation (SGLang's native /generate; see VLLMClient), and
+    # whether the server takes a list of prompts in one call (generate_many)
+    GENERATE_PATH = "/generate"
+    BATCHED_GENERATE = True
+
+    def generate_body(
+        self, input_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
             "input_ids": list(input_ids),
             "sampling_params": _wire_params(sampling_params),
             "return_logprob": True,
         }
-        return parse_generation(url, await self._request("POST", url, "/generate", body))
+
+    def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
+        return parse_generation(url, data)
 
     async def generate_many(
         self,
@@ -298,6 +313,9 @@ class RolloutClient:
         cannot be reached, every prompt goes through :meth:`generate` (its failover)."""
         if len(input_ids) != len(sampling_params):
             raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} params")
+        if not self.BATCHED_GENERATE:  # one request per prompt, concurrently, same server
+            pairs = zip(input_ids, sampling_params, strict=True)
+            return list(await asyncio.gather(*(self.generate(i, p, key) for i, p in pairs)))
         url = self.server_for(key)
         body = {
             "input_ids": [list(ids) for ids in input_ids],

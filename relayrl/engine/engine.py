@@ -18,28 +18,31 @@ queue with its partial output) and is prefilled again, prompt + partial output, 
 weights. ``keep_kv=True`` asks for the opposite explicitly (PipelineRL's in-flight update):
 running requests keep their KV and decode on under the new weights. Tokens keep the version
 of the weights that produced them.
+
+Layout (nano-vllm's): this module is the public API and the loop thread; what runs is the
+:class:`~relayrl.engine.scheduler.Scheduler`'s, how it runs the
+:class:`~relayrl.engine.model_runner.ModelRunner`'s, and a request's state is a
+:class:`~relayrl.engine.sequence.Sequence`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import itertools
 import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from relayrl.engine.kv import SlotKVCache
-from relayrl.engine.sampling import make_batch, sample
+from relayrl.engine.model_runner import ModelRunner, eos_ids
+from relayrl.engine.scheduler import Scheduler
+from relayrl.engine.sequence import Sequence, stop_reason
 from relayrl.engine.types import (
     PAUSE_MODES,
     EngineOptions,
@@ -47,55 +50,8 @@ from relayrl.engine.types import (
     GenerationResult,
     SamplingParams,
 )
-from relayrl.engine.weights import load_into, read_state_dict
+from relayrl.engine.weights import read_state_dict
 from relayrl.errors import RelayError
-from relayrl.models.loading import prefer_shape_agnostic_attention
-
-
-@dataclass
-class _Request:
-    """Engine-side state of one request (touched only by the loop thread)."""
-
-    rid: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-    generator: torch.Generator | None
-    stop_ids: set[int]
-    submitted_at: float
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    output_versions: list[int] = field(default_factory=list)
-    first_token_at: float | None = None
-    row: int = -1  # KV slot while running
-    kv_len: int = 0  # tokens whose keys/values are in the slot
-    retracted: bool = False  # its next prefill recomputes KV it had (counted in the stats)
-
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
-
-
-def _check_supported(config) -> None:
-    layer_types = getattr(config, "layer_types", None) or []
-    odd = sorted(set(layer_types) - {"full_attention"})
-    if odd:
-        raise RelayError(
-            f"model layer types {odd} are not supported by the built-in engine "
-            "(only full-attention layers; sliding-window/linear attention need per-row masks)"
-        )
 
 
 class Engine:
@@ -114,29 +70,8 @@ class Engine:
         model_path: str | None = None,
     ) -> None:
         self.options = options or EngineOptions()
-        self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_path = model_path
-        config = model.config
-        _check_supported(config)
-        self.device = next(model.parameters()).device
-        prefer_shape_agnostic_attention(self.device)
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        context = getattr(config, "max_position_embeddings", None) or 4096
-        self.max_seq_len = min(self.options.max_seq_len or context, context)
-        slots = self.options.max_running_requests
-        if self.options.max_total_tokens is not None:
-            slots = min(slots, max(1, self.options.max_total_tokens // self.max_seq_len))
-        self.num_slots = slots
-        self.cache = SlotKVCache(config.num_hidden_layers, slots, self.max_seq_len)
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._weight_version = self.options.weight_version
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._requests: dict[str, _Request] = {}
-        self._paused = False
-        self._rid_counter = itertools.count()
         self._stats = {
             "peak_running": 0,
             "steps": 0,
@@ -152,6 +87,21 @@ class Engine:
             # running requests that kept KV built under older weights (keep_kv updates)
             "kept_kv": 0,
         }
+        self.runner = ModelRunner(model, self.options, self._stats)
+        self.model, self.device, self.cache = (
+            self.runner.model,
+            self.runner.device,
+            self.runner.cache,
+        )
+        self.vocab_size, self.max_seq_len = self.runner.vocab_size, self.runner.max_seq_len
+        self.num_slots = self.runner.num_slots
+        self.scheduler = Scheduler(
+            self.cache, self.num_slots, self.options.max_prefill_tokens, self._stats
+        )
+        self.eos_ids = eos_ids(model, tokenizer)
+        self._weight_version = self.options.weight_version
+        self._paused = False
+        self._rid_counter = itertools.count()
         self._commands: queue.Queue = queue.Queue()
         self._shutdown = False
         self._threads = torch.get_num_threads()
@@ -216,7 +166,7 @@ class Engine:
             # CPU generators on every device: one host draw per token, no device sync.
             generator = torch.Generator()
             generator.manual_seed(seed)
-        request = _Request(
+        request = Sequence(
             rid=rid,
             prompt_ids=input_ids,
             params=params,
@@ -324,7 +274,7 @@ class Engine:
             done.set_exception(exc)
 
     def _busy(self) -> bool:
-        return not self._paused and bool(self._running or self._waiting)
+        return not self._paused and self.scheduler.has_work()
 
     def _loop(self) -> None:
         torch.set_num_threads(self._threads)
@@ -353,43 +303,23 @@ class Engine:
         try:
             self.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
-            for request in list(self._requests.values()):
-                if not request.future.done():
-                    request.future.set_exception(exc)
-            self._requests.clear()
-            self._waiting.clear()
-            self._running.clear()
+            self.scheduler.fail_all(exc)
 
     # ------------------------------------------------------------------ commands (loop thread)
-    def _add(self, request: _Request) -> None:
-        if request.rid in self._requests:
-            request.future.set_exception(ValueError(f"duplicate request id {request.rid!r}"))
-            return
-        self._requests[request.rid] = request
-        self._waiting.append(request)
+    def _add(self, request: Sequence) -> None:
+        self.scheduler.add(request)
 
     def _abort_one(self, rid: str) -> bool:
-        request = self._requests.get(rid)
-        if request is None:
-            return False
-        if request.row >= 0:
-            self._release([request])
-        else:
-            self._waiting.remove(request)
-        self._finish(request, "abort")
-        return True
+        return self.scheduler.abort(rid)
 
     def _pause(self, mode: str) -> list[GenerationResult]:
         self._paused = True
         if mode == "retract":
-            self._retract_all()
+            self.scheduler.retract_all()
             return []
         if mode == "in_place":
             return []
-        live = list(self._running) + list(self._waiting)
-        self._release(list(self._running))
-        self._waiting.clear()
-        return [self._finish(r, "abort") for r in live]
+        return self.scheduler.abort_all()
 
     def _set_paused(self, paused: bool) -> None:
         self._paused = paused
@@ -397,201 +327,52 @@ class Engine:
     def _update_weights(
         self, state: Mapping[str, torch.Tensor], version: int | None, keep_kv: bool
     ) -> int:
-        with torch.inference_mode(False):
-            load_into(self.model, state)
+        self.runner.load_weights(state)
         if keep_kv:
-            self._stats["kept_kv"] += len(self._running)
+            self._stats["kept_kv"] += len(self.scheduler.running)
         else:
-            self._retract_all()
+            self.scheduler.retract_all()
         self._weight_version = self._weight_version + 1 if version is None else int(version)
         return self._weight_version
 
     def _stats_now(self) -> dict[str, Any]:
         return {
             **self._stats,
-            "num_requests": len(self._requests),
-            "num_running": len(self._running),
-            "num_waiting": len(self._waiting),
+            "num_requests": len(self.scheduler.requests),
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
             "paused": self._paused,
             "weight_version": self._weight_version,
             "kv_cache_bytes": self.cache.nbytes(),
         }
 
     def _stop(self) -> None:
-        for request in list(self._running) + list(self._waiting):
-            self._finish(request, "abort")
-        self._running.clear()
-        self._waiting.clear()
+        self.scheduler.abort_all()
         self._shutdown = True
 
-    # ------------------------------------------------------------------ scheduling
-    def _retract_all(self) -> None:
-        """Free every running request's KV; they go back to the head of the queue, shortest
-        first: they are all re-admitted at once (their slots are free), and length order
-        lets each left-padded prefill batch hold sequences of similar length (measured on
-        the demo workload: 1.5× fewer padded tokens per weight update than slot order)."""
-        running = sorted(self._running, key=lambda r: r.row)
-        self._release(running)
-        for request in running:
-            request.retracted = True
-        self._stats["retracted"] += len(running)
-        self._waiting.extendleft(sorted(running, key=lambda r: -len(r.all_ids())))
-
-    def _release(self, requests: list[_Request]) -> None:
-        """Free the slots of running ``requests``: the last row moves into each hole."""
-        if len(requests) == len(self._running):
-            for request in requests:
-                request.row, request.kv_len = -1, 0
-            self._running.clear()
-            return
-        for request in sorted(requests, key=lambda r: r.row, reverse=True):
-            last = self._running[-1]
-            if last is not request:
-                self.cache.move_row(last.row, request.row, last.kv_len)
-                self._running[request.row] = last
-                last.row = request.row
-            self._running.pop()
-            request.row, request.kv_len = -1, 0
-
-    def _finish(self, request: _Request, reason: FinishReason, matched=None) -> GenerationResult:
-        self._requests.pop(request.rid, None)
-        now = time.perf_counter()
-        result = GenerationResult(
-            rid=request.rid,
-            prompt_ids=request.prompt_ids,
-            output_ids=list(request.output_ids),
-            output_logprobs=list(request.output_logprobs),
-            output_versions=list(request.output_versions),
-            finish_reason=reason,
-            prompt_tokens=len(request.prompt_ids),
-            time_to_first_token=(
-                request.first_token_at - request.submitted_at if request.first_token_at else None
-            ),
-            latency=now - request.submitted_at,
-            matched_stop=matched,
-        )
-        if not request.future.done():
-            request.future.set_result(result)
-        self._stats["aborted"] += reason == "abort"
-        return result
-
-    def _admit(self) -> list[_Request]:
-        """Pop waiting requests into free slots within the prefill token budget."""
-        admitted: list[_Request] = []
-        budget = self.options.max_prefill_tokens
-        while self._waiting and len(self._running) < self.num_slots:
-            n = len(self._waiting[0].prompt_ids) + len(self._waiting[0].output_ids)
-            padded = max([n] + [len(r.all_ids()) for r in admitted]) * (len(admitted) + 1)
-            if admitted and padded > budget:
-                break
-            request = self._waiting.popleft()
-            request.row = len(self._running)
-            self._running.append(request)
-            admitted.append(request)
-        return admitted
-
-    # ------------------------------------------------------------------ model steps
+    # ------------------------------------------------------------------ one iteration
     def step(self) -> None:
         """One scheduler iteration: admit + prefill new requests, then decode all running."""
-        admitted = self._admit()
+        admitted = self.scheduler.admit()
         if admitted:
-            self._prefill(admitted)
-        if self._running:
-            self._decode()
-        self._stats["peak_running"] = max(self._stats["peak_running"], len(self._running))
+            self._advance(admitted, self.runner.prefill(admitted))
+        running = self.scheduler.running
+        if running:
+            self._advance(list(running), self.runner.decode(running))
+        self._stats["peak_running"] = max(self._stats["peak_running"], len(running))
 
-    def _forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            **kwargs,
-        )
-        return out.logits[:, -1, :]
-
-    def _prefill(self, requests: list[_Request]) -> None:
-        seqs = [r.all_ids() for r in requests]
-        lengths = [len(s) for s in seqs]
-        pad_to = max(lengths)
-        dev = self.device
-        ids = torch.zeros(len(seqs), pad_to, dtype=torch.long, device=dev)
-        mask = torch.zeros(len(seqs), pad_to, dtype=torch.long, device=dev)
-        for i, s in enumerate(seqs):
-            ids[i, pad_to - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, pad_to - len(s) :] = 1
-        offsets = torch.tensor([pad_to - n for n in lengths], device=dev)
-        positions = (torch.arange(pad_to, device=dev)[None, :] - offsets[:, None]).clamp(min=0)
-        self.cache.set_prefill([r.row for r in requests], lengths, pad_to)
-        logits = self._forward(ids, mask, positions)
-        for r, n in zip(requests, lengths, strict=True):
-            r.kv_len = n
-            if r.retracted:
-                self._stats["reprefill_tokens"] += n
-                r.retracted = False
-        self._stats["prefills"] += 1
-        self._stats["prefill_tokens"] += sum(lengths)
-        self._stats["prefill_padded_tokens"] += pad_to * len(lengths)
-        self._sample_and_advance(requests, logits)
-
-    def _decode(self) -> None:
-        running = self._running
-        dev = self.device
-        ids = torch.tensor([r.output_ids[-1] for r in running], dtype=torch.long, device=dev)
-        positions = torch.tensor([r.kv_len for r in running], dtype=torch.long, device=dev)
-        kv_len = int(positions.max()) + 1
-        mask = torch.arange(kv_len, device=dev)[None, :] <= positions[:, None]
-        self.cache.set_decode(positions)
-        logits = self._forward(ids[:, None], mask, positions[:, None])
-        for r in running:
-            r.kv_len += 1
-        self._stats["steps"] += 1
-        self._sample_and_advance(list(running), logits)
-
-    def _sample_and_advance(self, requests: list[_Request], logits: torch.Tensor) -> None:
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per request, record it, finish the ones that stop."""
-        ps = [r.params for r in requests]
-        batch = make_batch(
-            [p.temperature for p in ps],
-            [p.top_p for p in ps],
-            [p.top_k for p in ps],
-            [r.generator for r in requests],
-            logits.device,
-        )
-        tokens, logprobs = sample(logits, batch)
+        tokens, logprobs = self.runner.sample(seqs, logits)
         now = time.perf_counter()
-        finished: list[tuple[_Request, FinishReason, Any]] = []
-        for r, tok, lp in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
-            r.output_ids.append(tok)
-            r.output_logprobs.append(lp)
-            r.output_versions.append(self._weight_version)
-            r.first_token_at = r.first_token_at or now
-            reason, matched = self._stop_reason(r, tok)
+        finished: list[tuple[Sequence, FinishReason, Any]] = []
+        for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
+            seq.append(tok, lp, self._weight_version, now)
+            reason, matched = stop_reason(seq, tok, self.tokenizer)
             if reason is not None:
-                finished.append((r, reason, matched))
-        self._stats["generated_tokens"] += len(requests)
+                finished.append((seq, reason, matched))
+        self._stats["generated_tokens"] += len(seqs)
         if finished:
-            self._release([r for r, _, _ in finished])
-            for r, reason, matched in finished:
-                self._finish(r, reason, matched)
-
-    def _stop_reason(self, r: _Request, tok: int) -> tuple[FinishReason | None, Any]:
-        if tok in r.stop_ids:
-            return "stop", tok
-        if r.params.stop:
-            matched = self._matched_stop_string(r)
-            if matched is not None:
-                return "stop", matched
-        if len(r.output_ids) >= r.params.max_new_tokens:
-            return "length", None
-        return None, None
-
-    def _matched_stop_string(self, r: _Request) -> str | None:
-        window = max(len(s) for s in r.params.stop) + 2
-        tail = self.tokenizer.decode(r.output_ids[-window:])
-        for s in r.params.stop:
-            if s in tail:
-                return s
-        return None
+            self.scheduler.release([seq for seq, _, _ in finished])
+            for seq, reason, matched in finished:
+                self.scheduler.finish(seq, reason, matched)

@@ -1,22 +1,30 @@
 """Start, watch and stop the rollout servers of a run.
 
-Owns: :class:`ServerLauncher`. ``mode="process"`` (the real path) starts one
-``relayrl serve`` child process per server on a free loopback port, each with its own torch
-thread count, its output in ``<run>/server-<i>.log``, and (on Linux) a parent-death signal so
-a killed trainer never leaves servers behind. ``mode="thread"`` runs the same HTTP server in
-this process (tests). :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a
-server that died; :meth:`respawn` replaces one server by a fresh process on a new port (the
-policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a hung
-server); :meth:`stop` terminates every child (SIGTERM and SIGCONT, then SIGKILL).
+Owns: :class:`ServerLauncher` and :class:`ServerSpec` (the built-in engine's server).
+``mode="process"`` (the real path) starts one child process per server on a loopback port
+(free, or ``spec.port + i`` when the spec fixes one), each with the environment its spec
+asks for, its output in ``<run>/server-<i>.log``, and (on Linux) a parent-death signal so a
+killed trainer never leaves servers behind. What the child runs is its spec's
+:meth:`~ServerSpec.command`: ``relayrl.engine.serve.serve_main`` for the built-in engine
+(:func:`serve_child`), a vLLM server for ``relayrl.launch.vllm.VLLMServerSpec``. A spec with
+``new_session`` (vLLM, which forks an engine-core and a worker process) gets a process group
+of its own, and every signal goes to the whole group, so no grandchild outlives it.
+``mode="thread"`` runs the built-in HTTP server in this process (tests).
+:meth:`ServerLauncher.check` raises a :class:`RelayError` naming a server that died (with
+the most telling line of its log); :meth:`respawn` replaces one server by a fresh process
+(the policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a
+hung server); :meth:`stop` terminates every child (SIGTERM and SIGCONT, then SIGKILL).
 
 Parent death: Linux delivers ``PR_SET_PDEATHSIG`` when the *thread* that forked the child
 exits, not the process. Every server is therefore forked by one dedicated spawner thread that
 lives until :meth:`stop`, whichever thread calls :meth:`start` or :meth:`respawn` (an
 ``asyncio.to_thread`` worker that exits soon after, say), and the child sets the signal itself
-right after exec (:func:`serve_child`), so no Python code runs between fork and exec in a
-process full of threads (``preexec_fn`` is not fork-safe there).
+right after exec (:func:`serve_child`, or the vLLM spec's launch snippet), so no Python code
+runs between fork and exec in a process full of threads (``preexec_fn`` is not fork-safe
+there).
 
-Imports: the engine's server module (thread mode only), the standard library otherwise.
+Imports: relayrl.engine (the server entry point; the server module in thread mode only),
+relayrl.errors, the standard library.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,8 +47,9 @@ from typing import Any
 
 from relayrl.errors import RelayError
 
+# argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
-    "import sys; from relayrl.launch.servers import serve_child; serve_child(sys.argv[1:])"
+    "import sys; from relayrl.launch.servers import serve_child; serve_child(sys.argv[2])"
 )
 PARENT_ENV = "RELAYRL_SERVER_PARENT_PID"
 PR_SET_PDEATHSIG = 1
@@ -62,12 +72,54 @@ def die_with_parent(parent: int) -> None:
         sys.exit(f"relayrl serve: the launching process {parent} is gone")
 
 
-def serve_child(argv: list[str]) -> None:
-    """Entry point of a server process (:data:`SERVE_SNIPPET`): ``relayrl <argv>``."""
+def serve_child(options_json: str) -> None:
+    """Entry point of a built-in server process (:data:`SERVE_SNIPPET`): ``serve_main`` on
+    the :class:`ServeOptions` in ``options_json``; a RelayError is one ``error:`` line."""
     die_with_parent(int(os.environ.pop(PARENT_ENV, "0") or 0))
-    from relayrl.cli import main
+    from relayrl.engine.serve import ServeOptions, serve_main
 
-    sys.exit(main(argv))
+    try:
+        sys.exit(serve_main(ServeOptions.from_json(options_json)))
+    except RelayError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+ERROR_MARKERS = ("error", "exception", "killed", "denied")
+EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
+
+
+def telling_line(log: Path, window: int = 80) -> str:
+    """The line of ``log`` that best says why a server failed: among its last ``window``
+    lines, the last Python exception line (``SomeError: message``, with the indented detail
+    line after it, e.g. pydantic's), else the last error-looking line, else the last line
+    ('' if none)."""
+    try:
+        lines = [ln.rstrip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    tail = lines[-window:]
+    for i in range(len(tail) - 1, -1, -1):
+        if EXCEPTION_LINE.search(tail[i]):
+            detail = [
+                ln.strip()
+                for ln in tail[i + 1 : i + 3]
+                if ln.startswith((" ", "\t")) and "further information" not in ln
+            ]
+            return " | ".join([tail[i].strip(), *detail])[:400]
+    for line in reversed(tail):
+        if any(m in line.lower() for m in ERROR_MARKERS):
+            return line.strip()[-400:]
+    return tail[-1].strip()[-400:] if tail else ""
 
 
 def healthy(url: str, timeout: float = 1.0) -> bool:
@@ -79,14 +131,48 @@ def healthy(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def index_of(urls: list[str], url: str) -> int:
+    """Position of ``url`` among a run's server ``urls`` (RelayError if absent)."""
+    try:
+        return urls.index(url)
+    except ValueError:
+        raise RelayError(f"{url} is not one of this run's rollout servers") from None
+
+
 @dataclass
 class ServerSpec:
+    """A built-in engine server (``serve_main``) over ``model_dir``."""
+
     model_dir: str
     threads: int = 1
     max_running_requests: int = 128
     max_seq_len: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    kind = "relayrl serve"
+    new_session = False  # one process, no children of its own
+    port: int | None = None  # fixed first port (None: free ports)
+
+    def engine_options(self):
+        from relayrl.engine.types import EngineOptions
+
+        return EngineOptions(
+            device=self.device,
+            dtype=self.dtype,
+            max_running_requests=self.max_running_requests,
+            max_seq_len=self.max_seq_len,
+        )
+
+    def command(self, port: int) -> list[str]:
+        from relayrl.engine.serve import ServeOptions
+
+        options = ServeOptions(
+            self.model_dir, port=port, threads=self.threads, engine=self.engine_options()
+        )
+        return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
+
+    def environment(self, index: int) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.threads)}
 
 
 @dataclass
@@ -128,13 +214,20 @@ class ServerLauncher:
         return self.urls
 
     def _command(self, port: int) -> list[str]:
-        s = self.spec
-        cmd = [sys.executable, "-c", SERVE_SNIPPET, "serve", "--model", s.model_dir]
-        cmd += ["--port", str(port), "--threads", str(s.threads), "--device", s.device]
-        cmd += ["--dtype", s.dtype, "--max-running-requests", str(s.max_running_requests)]
-        if s.max_seq_len:
-            cmd += ["--max-seq-len", str(s.max_seq_len)]
-        return cmd
+        return self.spec.command(port)
+
+    def _port(self, i: int) -> int:
+        """Server ``i``'s port: ``spec.port + i`` (RelayError if taken), else a free one."""
+        if self.spec.port is None:
+            return free_port()
+        port = self.spec.port + i
+        if port_in_use(port):
+            raise RelayError(
+                f"rollout server {i}: port {port} on 127.0.0.1 is in use (the {self.spec.kind} "
+                f"server's port is the configured first port {self.spec.port} + {i}); free it "
+                "or choose another port"
+            )
+        return port
 
     def _start_process(self, i: int) -> None:
         proc, log, url = self._spawn(i, "w")
@@ -151,10 +244,10 @@ class ServerLauncher:
         return spawner.submit(self._popen, i, log_mode).result()
 
     def _popen(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
-        port = free_port()
+        port = self._port(i)
         log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.spec.threads))
+        env = dict(os.environ, **self.spec.environment(i))
         env[PARENT_ENV] = str(os.getpid())
         with open(log, log_mode) as out:
             if log_mode == "a":
@@ -166,6 +259,7 @@ class ServerLauncher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
+                start_new_session=self.spec.new_session,
             )
         return proc, log, f"http://127.0.0.1:{port}"
 
@@ -178,8 +272,11 @@ class ServerLauncher:
             if waiting and time.monotonic() > deadline:
                 i = min(waiting)
                 raise RelayError(
-                    f"rollout server {i} ({self.urls[i]}, pid {self._procs[i].pid}) did not "
-                    f"become healthy within {self.startup_timeout_s:.0f}s; see {self._logs[i]}"
+                    self.describe(
+                        i,
+                        f"did not become healthy within {self.startup_timeout_s:.0f}s "
+                        "(rollout.startup_timeout_s)",
+                    )
                 )
             if waiting:
                 time.sleep(0.2)
@@ -187,16 +284,12 @@ class ServerLauncher:
     def _start_thread(self) -> None:
         from relayrl.engine.engine import Engine
         from relayrl.engine.server import ServerThread, create_app
-        from relayrl.engine.types import EngineOptions
 
-        s = self.spec
-        options = EngineOptions(
-            device=s.device,
-            dtype=s.dtype,
-            max_running_requests=s.max_running_requests,
-            max_seq_len=s.max_seq_len,
-        )
-        engine = Engine.from_pretrained(s.model_dir, options)
+        if not isinstance(self.spec, ServerSpec):
+            raise RelayError(
+                f"rollout.server_mode=thread runs only the built-in engine, not {self.spec.kind}"
+            )
+        engine = Engine.from_pretrained(self.spec.model_dir, self.spec.engine_options())
         server = ServerThread(create_app(engine)).start()
         self._threads.append((server, engine))
         self.urls.append(server.url)
@@ -207,10 +300,7 @@ class ServerLauncher:
         return self.mode != "thread"
 
     def index_of(self, url: str) -> int:
-        try:
-            return self.urls.index(url)
-        except ValueError:
-            raise RelayError(f"{url} is not one of this run's rollout servers") from None
+        return index_of(self.urls, url)
 
     def exit_code(self, i: int) -> int | None:
         """Server ``i``'s exit status, or None while it runs (thread servers: always None)."""
@@ -222,9 +312,8 @@ class ServerLauncher:
         if not self.is_process_mode:
             return
         proc = self._procs[i]
-        if proc.poll() is None:
-            with contextlib.suppress(OSError):
-                proc.kill()
+        if proc.poll() is None or self.spec.new_session:
+            self._signal(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
 
@@ -256,6 +345,15 @@ class ServerLauncher:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    def _signal(self, proc: subprocess.Popen, sig: int) -> None:
+        """Send ``sig`` to a server: to its whole process group if it has one of its own
+        (whose children may outlive it), else to the process."""
+        with contextlib.suppress(OSError):
+            if self.spec.new_session:
+                os.killpg(proc.pid, sig)
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+
     def check(self) -> None:
         """Raise a RelayError naming the first server process that has exited."""
         for i, proc in enumerate(self._procs):
@@ -267,29 +365,45 @@ class ServerLauncher:
         """``rollout server i (url, pid) <what>; <consequence> (log: ...); last output: ...``"""
         if not self.is_process_mode:
             return f"rollout server {i} ({self.urls[i]}, in-process) {what}; {consequence}"
-        tail = ""
-        with contextlib.suppress(OSError):
-            lines = self._logs[i].read_text(errors="replace").strip().splitlines()
-            tail = ("; last output: " + lines[-1][-300:]) if lines else ""
+        line = telling_line(self._logs[i])
+        tail = f"; last output: {line}" if line else ""
         return (
             f"rollout server {i} ({self.urls[i]}, pid {self._procs[i].pid}) {what}; "
             f"{consequence} (log: {self._logs[i]}){tail}"
         )
 
+    def _wait_group_gone(self, pgid: int, deadline: float) -> None:
+        """Until process group ``pgid`` is empty; SIGKILL it past ``deadline`` and give up
+        5 s later (what is left then are zombies waiting for a reaper)."""
+        killed = False
+        while True:
+            try:
+                os.killpg(pgid, 0)
+            except OSError:
+                return
+            if time.monotonic() > deadline:
+                if killed:
+                    return
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)
+                killed, deadline = True, time.monotonic() + 5
+            time.sleep(0.1)
+
     def stop(self) -> None:
         for proc in self._procs:
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    proc.terminate()
-                    proc.send_signal(signal.SIGCONT)  # a stopped (hung) server exits too
+            if proc.poll() is None or self.spec.new_session:
+                self._signal(proc, signal.SIGTERM)
+                self._signal(proc, signal.SIGCONT)  # a stopped (hung) server exits too
         deadline = time.monotonic() + 10
         for proc in self._procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(OSError):
-                    proc.kill()
+                self._signal(proc, signal.SIGKILL)
                 proc.wait(timeout=5)
+        if self.spec.new_session:  # grandchildren that outlived their group leader
+            for proc in self._procs:
+                self._wait_group_gone(proc.pid, deadline)
         self._procs.clear()
         with self._spawner_lock:
             spawner, self._spawner = self._spawner, None
@@ -299,3 +413,60 @@ class ServerLauncher:
             server.stop()
             engine.shutdown()
         self._threads.clear()
+
+
+@dataclass
+class ExternalServers:
+    """Servers someone else started (``rollout.server_urls``), behind the launcher's
+    interface: :meth:`start` waits until each answers ``/health`` (RelayError naming the
+    URL after ``startup_timeout_s``); none is started, stopped, killed or restarted."""
+
+    urls: list[str]
+    startup_timeout_s: float = 120.0
+
+    def __enter__(self) -> ExternalServers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> list[str]:
+        deadline = time.monotonic() + self.startup_timeout_s
+        for i, url in enumerate(self.urls):
+            while not healthy(url):
+                if time.monotonic() > deadline:
+                    raise RelayError(
+                        f"rollout.server_urls[{i}]: {url} did not answer GET /health within "
+                        f"{self.startup_timeout_s:.0f}s (rollout.startup_timeout_s); is it "
+                        "running and reachable?"
+                    )
+                time.sleep(0.2)
+        return self.urls
+
+    is_process_mode = False
+    pids: list[int] = field(default_factory=list)
+
+    def index_of(self, url: str) -> int:
+        return index_of(self.urls, url)
+
+    def exit_code(self, i: int) -> int | None:
+        return None
+
+    def kill(self, i: int) -> None:
+        return None
+
+    def respawn(self, i: int) -> str:
+        raise RelayError(self.describe(i, "cannot be restarted by relayrl"))
+
+    def wait_healthy(self, indices: list[int]) -> None:
+        return None
+
+    def check(self) -> None:
+        return None
+
+    def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
+        return f"rollout server {i} ({self.urls[i]}, external) {what}; {consequence}"
+
+    def stop(self) -> None:
+        return None

@@ -16,6 +16,12 @@ in this very process with everything below already in force:
 
 The launcher prints nothing; what it achieved goes to the child as ``RELAYRL_SANDBOX_NET``
 (``namespace`` or ``none``) so that the runner can install its socket-blocking audit hook.
+
+Under bubblewrap (``CONFIG["isolated"]``: bwrap already made the namespaces, a read-only
+root and a size-capped private ``/tmp``) step 1 is skipped: the launcher copies the given
+files from the read-only ``input`` directory into ``/tmp/work`` and goes on with 2–4, using
+the uid the parent chose (``CONFIG["uid"]``: inside bwrap's pid namespace its own pid is not
+unique on the host).
 """
 
 from __future__ import annotations
@@ -87,17 +93,33 @@ def _limits(cfg: dict) -> None:
     set_limit(resource.RLIMIT_NPROC, int(cfg["nproc"]))
 
 
+def _copy_in(source: str, target: str) -> None:
+    os.mkdir(target, 0o700)
+    for name in os.listdir(source):
+        with open(os.path.join(source, name), "rb") as src:
+            data = src.read()
+        with open(os.path.join(target, name), "wb") as dst:
+            dst.write(data)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     workdir = cfg["workdir"]
     os.chdir(workdir)
     is_root = os.geteuid() == 0
-    uid = int(cfg["base_uid"]) + os.getpid() if is_root else None
-    if not is_root:
-        _unshare(CLONE_NEWUSER)  # lets an unprivileged user make the namespaces below
-    net = _unshare(CLONE_NEWNET)
-    if _unshare(CLONE_NEWNS) and _private_mounts(workdir, int(cfg["disk_mb"])):
+    uid = None
+    if is_root:
+        uid = int(cfg["uid"]) if cfg.get("uid") is not None else int(cfg["base_uid"]) + os.getpid()
+    if cfg.get("isolated"):  # bubblewrap made the namespaces and the private /tmp
+        net = True
+        _copy_in(workdir, SANDBOX_WORKDIR)
         os.chdir(SANDBOX_WORKDIR)
+    else:
+        if not is_root:
+            _unshare(CLONE_NEWUSER)  # lets an unprivileged user make the namespaces below
+        net = _unshare(CLONE_NEWNET)
+        if _unshare(CLONE_NEWNS) and _private_mounts(workdir, int(cfg["disk_mb"])):
+            os.chdir(SANDBOX_WORKDIR)
     if uid is not None:
         _chown_tree(".", uid)
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)

@@ -1,43 +1,73 @@
 """Route a (problem, completion) pair to its grader and return a scalar reward.
 
-* ``math`` problems with extraction settings in ``meta['math']`` (benchmarks) go through
+Owns the grader seam: :data:`GRADERS` maps the name a :class:`~relayrl.tasks.base.Problem`
+carries in ``grader`` to a function ``(problem, completion) -> (reward, info)``;
+:func:`register_grader` adds one (docs/extending.md). Built in:
+
+* ``math``: problems with extraction settings in ``meta['math']`` (benchmarks) go through
   :func:`relayrl.rewards.math.grade_math_answer`; without them (the synthetic arithmetic
   task) through the strict ``#### N`` rule :func:`relayrl.rewards.math.grade_math`;
-* ``countdown`` through the Countdown verifier;
-* ``code`` through the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``).
+* ``countdown``: the Countdown verifier;
+* ``code``: the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``).
 
 Call these from a grading-pool worker (:mod:`relayrl.rewards.pool`): math-verify needs a
-main thread and code runs spawn sandboxes.
+main thread and code runs spawn sandboxes. A grader registered outside relayrl must be
+registered in a module the workers import too (they are spawned processes).
+
+Imports: relayrl.rewards, relayrl.tasks.base, relayrl.registry, relayrl.errors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from relayrl.errors import RelayError
+from relayrl.registry import Registry
 from relayrl.rewards.countdown import verify_countdown
 from relayrl.rewards.math import MathGradeConfig, grade_math, grade_math_answer
 from relayrl.tasks.base import Problem
 
+GraderFn = Callable[[Problem, str], tuple[float, dict[str, Any]]]
+GRADERS: Registry[GraderFn] = Registry("grader")
+
+
+def register_grader(name: str) -> Callable[[GraderFn], GraderFn]:
+    """Decorator: problems whose ``grader`` is ``name`` are graded by the function."""
+    return lambda fn: GRADERS.add(name, fn)
+
+
+@register_grader("math")
+def _grade_math(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    if "math" not in problem.meta:
+        return float(grade_math(completion, problem.answer)), {"method": "hash"}
+    verdict = grade_math_answer(completion, problem.answer, MathGradeConfig.from_meta(problem.meta))
+    return float(verdict.correct), {"extracted": verdict.extracted, "method": verdict.method}
+
+
+@register_grader("countdown")
+def _grade_countdown(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    meta = problem.meta
+    return float(verify_countdown(completion, meta["numbers"], meta["target"])), {}
+
+
+@register_grader("code")
+def _grade_code(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    from relayrl.rewards.code import grade_code_problem  # sandbox machinery, loaded on use
+
+    result = grade_code_problem(completion, problem.meta)
+    return float(result.passed), {"status": result.status, "detail": result.detail}
+
 
 def grade_detail(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     """The reward (1.0 or 0.0) and what the grader saw (extracted answer, method, status)."""
-    if problem.grader == "math":
-        if "math" not in problem.meta:
-            return float(grade_math(completion, problem.answer)), {"method": "hash"}
-        verdict = grade_math_answer(
-            completion, problem.answer, MathGradeConfig.from_meta(problem.meta)
+    grader = GRADERS.get(problem.grader)
+    if grader is None:
+        raise RelayError(
+            f"problem {problem.id!r} names unknown grader {problem.grader!r}; "
+            f"registered: {sorted(GRADERS)}"
         )
-        return float(verdict.correct), {"extracted": verdict.extracted, "method": verdict.method}
-    if problem.grader == "countdown":
-        meta = problem.meta
-        return float(verify_countdown(completion, meta["numbers"], meta["target"])), {}
-    if problem.grader == "code":
-        from relayrl.rewards.code import grade_code_problem
-
-        result = grade_code_problem(completion, problem.meta)
-        return float(result.passed), {"status": result.status, "detail": result.detail}
-    raise RelayError(f"problem {problem.id!r} names unknown grader {problem.grader!r}")
+    return grader(problem, completion)
 
 
 def score(problem: Problem, completion: str) -> float:

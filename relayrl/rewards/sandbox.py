@@ -1,9 +1,18 @@
 """Run untrusted programs in a sandbox subprocess.
 
+Two backends (``$RELAYRL_SANDBOX``: ``auto`` (default), ``bwrap`` or ``launcher``):
+
+* ``bwrap`` — Debian's bubblewrap builds the isolation: new network, pid, ipc and uts
+  namespaces, a **read-only root**, a size-capped private ``/tmp`` and ``/dev/shm``, and
+  the run dies with its parent; inside it the launcher sets the rlimits, no-new-privs and
+  the per-run uid, then ``exec``s the command. ``auto`` picks it when ``bwrap`` is installed
+  and works here (a one-time probe).
+* ``launcher`` — the fallback with no extra package: ``python -I -S _sandbox_launch.py``
+  isolates itself (network and mount namespaces, rlimits, no-new-privs, a per-run uid when
+  we are root) and ``exec``s the command.
+
 :func:`start_sandbox` creates a throw-away directory, writes the given files there and
-starts ``python -I -S _sandbox_launch.py`` in a new session; the launcher isolates itself
-(network and mount namespaces, rlimits, no-new-privs, a per-run uid when we are root) and
-``exec``s the command. The environment is scrubbed to a fixed minimum, stdout/stderr go to
+starts the backend in a new session. The environment is scrubbed to a fixed minimum, stdout/stderr go to
 files capped by RLIMIT_FSIZE, and on exit or timeout everything the run started is killed:
 its process group, then every process owned by its uid (``kill(-1)`` as that uid, which
 the kernel applies atomically, so a fork bomb cannot outrun it). See docs/graders.md for what
@@ -13,8 +22,10 @@ this does and does not protect against.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -26,7 +37,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
-BASE_UID = 200_000  # sandbox uid = BASE_UID + launcher pid: unique among live runs
+# launcher backend: sandbox uid = BASE_UID + launcher pid (unique among live runs); bwrap
+# backend: BASE_UID + PID_SPACE + a random number checked to be unused
+BASE_UID = 200_000
+PID_SPACE = 1 << 22
+BACKENDS = ("bwrap", "launcher")
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
 
 
@@ -58,11 +73,15 @@ class SandboxResult:
 class SandboxProcess:
     """A running sandboxed command; use as a context manager so cleanup always happens."""
 
-    def __init__(self, proc: subprocess.Popen, base: Path, limits: SandboxLimits) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, base: Path, limits: SandboxLimits, uid: int | None = None
+    ) -> None:
         self.proc = proc
         self.base = base
         self.limits = limits
-        self.uid = BASE_UID + proc.pid if os.geteuid() == 0 else None
+        if uid is None and os.geteuid() == 0:
+            uid = BASE_UID + proc.pid
+        self.uid = uid
         self.started = time.monotonic()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -137,6 +156,65 @@ def kill_uid(uid: int, attempts: int = 5) -> None:
         time.sleep(0.01)
 
 
+@functools.cache
+def _bwrap_works() -> bool:
+    """Whether bubblewrap can build our sandbox here (it needs namespaces the kernel or a
+    container may refuse)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    probe = [bwrap, *_bwrap_isolation(1), "--", "/bin/true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=20, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def sandbox_backend() -> str:
+    """The backend in use: ``$RELAYRL_SANDBOX`` (``auto``, ``bwrap``, ``launcher``)."""
+    wanted = os.environ.get("RELAYRL_SANDBOX", "auto")
+    if wanted not in (*BACKENDS, "auto"):
+        raise ValueError(f"RELAYRL_SANDBOX={wanted!r}; expected auto, bwrap or launcher")
+    if wanted == "bwrap" and not _bwrap_works():
+        raise RuntimeError(
+            "RELAYRL_SANDBOX=bwrap but bubblewrap is missing or cannot create namespaces here "
+            "(install Debian's 'bubblewrap'; check `bwrap --ro-bind / / true`)"
+        )
+    if wanted == "auto":
+        return "bwrap" if _bwrap_works() else "launcher"
+    return wanted
+
+
+def _bwrap_isolation(disk_mb: int) -> list[str]:
+    """bubblewrap options: fresh namespaces, a read-only root, private size-capped temp
+    dirs, death with the parent."""
+    size = str(disk_mb << 20)
+    return [
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-pid",
+        "--unshare-cgroup-try",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--size", size, "--tmpfs", "/tmp",
+        "--size", str(1 << 20), "--tmpfs", "/var/tmp",
+        "--size", str(1 << 20), "--tmpfs", "/dev/shm",
+    ]  # fmt: skip
+
+
+def _free_uid() -> int:
+    """A sandbox uid no live process has (root only), outside the launcher backend's range."""
+    in_use = {uid for _, uid, _ in _live_processes()}
+    while True:
+        uid = BASE_UID + PID_SPACE + secrets.randbelow(1 << 24)
+        if uid not in in_use:
+            return uid
+
+
 def start_sandbox(
     argv: list[str],
     files: dict[str, str | bytes],
@@ -163,9 +241,16 @@ def start_sandbox(
         "argv": argv,
         "env": {**SAFE_ENV, **(env or {})},
     }
+    launch = [sys.executable, "-I", "-S", str(LAUNCHER)]
+    uid = None
+    if sandbox_backend() == "bwrap":
+        uid = _free_uid() if os.geteuid() == 0 else None
+        config.update(workdir="/tmp/input", isolated=True, uid=uid)
+        bind = ["--ro-bind", str(work), "/tmp/input", "--chdir", "/tmp/input"]
+        launch = [shutil.which("bwrap"), *_bwrap_isolation(limits.disk_mb), *bind, "--", *launch]
     with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)],
+            [*launch, json.dumps(config)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
@@ -174,7 +259,7 @@ def start_sandbox(
             env=SAFE_ENV,
             cwd=str(work),
         )
-    return SandboxProcess(proc, base, limits)
+    return SandboxProcess(proc, base, limits, uid)
 
 
 def run_sandboxed(

@@ -1,11 +1,12 @@
 """The rollout controller: feeds prompts to the rollout servers under the staleness bound η
 and hands complete, graded groups to the trainer in admission order.
 
-Owns: :class:`PromptLoader` (seeded, resumable order over the train prompts),
-:func:`request_seed`, :func:`admission_capacity` (the bound) and :class:`RolloutController`
-(asyncio: admission loop, one task per group, grading, DAPO filtering, batches). A group is
-generated in one call (its n samples, each with its own seed) and graded in one call;
-:func:`per_request` and :func:`per_item` adapt one-sample callables to that.
+Owns: :func:`request_seed`, :func:`admission_capacity` (the bound), :func:`assign_advantages`
+and :class:`RolloutController` (asyncio: admission loop, one task per group, reward shaping,
+DAPO filtering, batches with their advantages). What happens to one admitted prompt is the
+rollout workflow's (``relayrl.rollout.workflow``: by default its n samples generated in one
+call, each with its own seed, and graded in one call); the prompt order is
+``relayrl.rollout.prompts``.
 
 Admission (AReaL): with B prompts per step, published weight version p and bound η, a new
 group is admitted only while ``accepted + running < (p + η + 1)·B`` (and the concurrency
@@ -16,71 +17,36 @@ admitted with rank r among kept groups is trained at step ⌊r/B⌋ ≤ p + η, 
 come from weights ≥ p, so its staleness is at most η whatever the completion order (see
 docs/async.md for the proof and why completion order would not give this).
 
-Imports: the engine's plain types and client error, the algo helpers, the Trajectory record.
-Generation, decoding and grading are injected callables, so tests can drive the controller
-with fakes and the trainer with the real servers.
+Imports: the engine's plain types and client error, the algo helpers, the Trajectory record,
+relayrl.rollout (workflow, prompts). Generation, decoding and grading are injected callables,
+so tests can drive the controller with fakes and the trainer with the real servers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
 from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
+from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.workflow import (
+    GenerateGroupFn,
+    GroupRequest,
+    RolloutServices,
+    RolloutWorkflow,
+    Sample,
+    ScoreGroupFn,
+    SingleTurnWorkflow,
+)
 from relayrl.tasks.base import Problem
-
-
-class GenerationLike(Protocol):
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
-    finish_reason: str
-    resubmissions: int
-    text: str | None  # the server's detokenised output, if it sent one
-
-
-class RewardLike(Protocol):
-    reward: float
-    status: str
-
-
-# a group's n samples in one call: (prompt ids, one SamplingParams per sample, group key)
-GenerateGroupFn = Callable[
-    [list[int], list[SamplingParams], str], Awaitable[Sequence[GenerationLike]]
-]
-GenerateFn = Callable[[list[int], SamplingParams, str], Awaitable[GenerationLike]]
-# a group's completions graded in one call: (problem, texts) -> one reward per text
-ScoreGroupFn = Callable[[Problem, list[str]], Awaitable[Sequence[RewardLike]]]
-ScoreFn = Callable[[Problem, str], Awaitable[RewardLike]]
-
-
-def per_request(generate: GenerateFn) -> GenerateGroupFn:
-    """A group generator from a one-request generator: the samples run concurrently."""
-
-    async def generate_group(
-        prompt_ids: list[int], params: list[SamplingParams], key: str
-    ) -> list[GenerationLike]:
-        return list(await asyncio.gather(*(generate(prompt_ids, p, key) for p in params)))
-
-    return generate_group
-
-
-def per_item(score: ScoreFn) -> ScoreGroupFn:
-    """A group scorer from a one-completion scorer: the completions are graded concurrently."""
-
-    async def score_group(problem: Problem, texts: list[str]) -> list[RewardLike]:
-        return list(await asyncio.gather(*(score(problem, text) for text in texts)))
-
-    return score_group
 
 
 def request_seed(run_seed: int, prompt_index: int, sample_index: int) -> int:
@@ -100,54 +66,13 @@ def admission_capacity(published_version: int, eta: int, prompts_per_step: int) 
     return (published_version + eta + 1) * prompts_per_step
 
 
-class PromptLoader:
-    """An endless, seeded stream over ``problems``: a fresh shuffle per epoch.
-
-    ``draws`` counts prompts handed out (the prompt index of :func:`request_seed`); the
-    state is (epoch, position, draws), so a run can resume where it stopped.
-    """
-
-    def __init__(self, problems: list[Problem], seed: int, shuffle: bool = True) -> None:
-        if not problems:
-            raise RelayError("the train split has no prompts")
-        self.problems = problems
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.position = 0
-        self.draws = 0
-        self._order = self._epoch_order(0)
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.problems)))
-        if self.shuffle:
-            random.Random(f"{self.seed}/{epoch}").shuffle(order)
-        return order
-
-    def next(self) -> tuple[int, Problem]:
-        """(prompt index, problem)."""
-        if self.position >= len(self._order):
-            self.epoch += 1
-            self.position = 0
-            self._order = self._epoch_order(self.epoch)
-        problem = self.problems[self._order[self.position]]
-        self.position += 1
-        self.draws += 1
-        return self.draws - 1, problem
-
-    def problem_at(self, draw: int) -> Problem:
-        """The problem handed out by draw number ``draw`` (the order is a function of the
-        seed, so a checkpoint can store prompt indices instead of problems)."""
-        epoch, position = divmod(draw, len(self.problems))
-        order = self._order if epoch == self.epoch else self._epoch_order(epoch)
-        return self.problems[order[position]]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "draws": self.draws}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self.draws = state["epoch"], state["position"], state["draws"]
-        self._order = self._epoch_order(self.epoch)
+def assign_advantages(groups: Sequence[Sequence[Trajectory]], method: str) -> None:
+    """Set every sample's ``advantage`` from the groups' rewards: the one place advantages
+    are computed (``relayrl.algo.advantages``), over the whole training batch."""
+    rewards = [[t.reward for t in g] for g in groups]
+    for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
+        for traj, adv in zip(group, advantages, strict=True):
+            traj.advantage = adv
 
 
 @dataclass
@@ -233,11 +158,13 @@ class RolloutController:
         encode: Callable[[Problem], list[int]],
         decode: Callable[[list[int]], str],
         published_version: int = 0,
+        workflow: RolloutWorkflow | None = None,
     ) -> None:
         self.loader = loader
         self.opt = options
-        self._generate_group, self._score_group = generate_group, score_group
-        self._encode, self._decode = encode, decode
+        self.workflow = workflow if workflow is not None else SingleTurnWorkflow()
+        self._services = RolloutServices(generate_group, score_group, decode)
+        self._encode = encode
         self.published_version = published_version
         self.consumed_version = published_version  # batches handed out (trainer version)
         self.accepted = 0
@@ -375,66 +302,44 @@ class RolloutController:
             self.fail(RelayError(f"{self._consecutive_errors} groups failed in a row: {exc}"))
 
     async def _generate_and_grade(self, group: Group) -> list[tuple[Trajectory, str]]:
-        """The group's n samples, generated in one call, then graded in one call."""
-        params = [
-            SamplingParams(
-                max_new_tokens=self.opt.max_new_tokens,
-                temperature=self.opt.temperature,
-                top_p=self.opt.top_p,
-                seed=request_seed(self.opt.seed, group.prompt_index, j),
+        """The group's samples from the workflow, counted and with the run's reward shaping."""
+        request = GroupRequest(
+            key=group.key,
+            problem=group.problem,
+            prompt_ids=group.prompt_ids,
+            submit_version=group.submit_version,
+            sampling=[
+                SamplingParams(
+                    max_new_tokens=self.opt.max_new_tokens,
+                    temperature=self.opt.temperature,
+                    top_p=self.opt.top_p,
+                    seed=request_seed(self.opt.seed, group.prompt_index, j),
+                )
+                for j in range(self.opt.n_samples)
+            ],
+        )
+        samples = await self.workflow.run_group(request, self._services)
+        if len(samples) != self.opt.n_samples:
+            raise RelayError(
+                f"workflow {self.workflow.name!r} returned {len(samples)} samples for a group "
+                f"of {self.opt.n_samples}"
             )
-            for j in range(self.opt.n_samples)
-        ]
-        start = time.perf_counter()
-        gens = await self._generate_group(group.prompt_ids, params, group.key)
-        generated = time.perf_counter()
-        # the server's detokenised text when it has one (saves a decode in this process)
-        texts = [
-            text
-            if (text := getattr(gen, "text", None)) is not None
-            else self._decode(gen.output_ids)
-            for gen in gens
-        ]
-        results = await self._score_group(group.problem, texts)
-        timings = {"generate_s": generated - start, "grade_s": time.perf_counter() - generated}
-        return [
-            (self._trajectory(group, j, gen, result, timings), text)
-            for j, (gen, result, text) in enumerate(zip(gens, results, texts, strict=True))
-        ]
+        for sample in samples:
+            self._count(sample)
+        return [(sample.trajectory, sample.text) for sample in samples]
 
-    def _trajectory(
-        self,
-        group: Group,
-        j: int,
-        gen: GenerationLike,
-        result: RewardLike,
-        timings: dict[str, float],
-    ) -> Trajectory:
-        self.counters[f"reward_{result.status}"] += 1
-        self.counters["resubmissions"] += gen.resubmissions
-        self._gen_tokens += len(gen.output_ids)
-        reward = float(result.reward)
+    def _count(self, sample: Sample) -> None:
+        traj = sample.trajectory
+        self.counters[f"reward_{traj.reward_status}"] += 1
+        self.counters["resubmissions"] += sample.resubmissions
+        self._gen_tokens += len(traj.completion_ids)
         if self.opt.overlong_buffer > 0:
-            reward += overlong_penalty(
-                len(gen.output_ids),
+            traj.reward += overlong_penalty(
+                len(traj.completion_ids),
                 self.opt.max_new_tokens,
                 self.opt.overlong_buffer,
                 self.opt.overlong_penalty,
             )
-        return Trajectory(
-            prompt_id=group.problem.id,
-            group_id=group.key,
-            sample_index=j,
-            prompt_ids=list(group.prompt_ids),
-            completion_ids=list(gen.output_ids),
-            behav_logprobs=list(gen.output_logprobs),
-            versions=list(gen.output_versions),
-            submit_version=group.submit_version,
-            finish_reason=gen.finish_reason,
-            reward=reward,
-            reward_status=result.status,
-            timings=dict(timings),
-        )
 
     def _finish_group(self, group: Group) -> None:
         rewards = [t.reward for t in group.trajectories]
@@ -451,10 +356,6 @@ class RolloutController:
                 )
             return
         self._filtered_in_row = 0
-        if self.opt.advantage != "reinforce_pp_baseline":  # needs the whole batch: trainer
-            advantages = compute_advantages([rewards], self.opt.advantage)[0]  # type: ignore[arg-type]
-            for traj, adv in zip(group.trajectories, advantages, strict=True):
-                traj.advantage = adv
         group.status = "ready"
         del self._running[group.index]
         self.accepted += 1
@@ -476,7 +377,8 @@ class RolloutController:
         return all(self._pending[i].status == "ready" for i in range(b))
 
     async def next_batch(self) -> list[Group]:
-        """The next B groups in admission order, once all of them are complete."""
+        """The next B groups in admission order, once all of them are complete, with the
+        advantages of their samples computed over the batch (one estimator call)."""
         assert self._batch_wake is not None, "call start() first"
         while True:
             self._batch_wake.clear()
@@ -484,6 +386,7 @@ class RolloutController:
                 raise self._fatal
             if self._head_ready():
                 batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
+                assign_advantages([g.trajectories for g in batch], self.opt.advantage)
                 self.consumed_version += 1
                 self._notify()
                 return batch

@@ -13,8 +13,9 @@ class Trajectory:
     ``behav_logprobs[i]`` and ``versions[i]`` belong to ``completion_ids[i]``: the logprob
     under the behaviour policy that sampled the token (temperature-scaled, see
     docs/engine.md) and the weight version that produced it. An interrupted request can span
-    several versions. ``advantage`` is set when the whole group is complete, before any
-    selection, so dropping samples later never changes a group's statistics.
+    several versions. ``advantage`` is set when the controller hands the batch out (over its
+    complete groups), before any selection, so dropping samples later never changes a
+    group's statistics.
     """
 
     prompt_id: str

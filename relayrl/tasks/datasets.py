@@ -6,6 +6,7 @@ Sources, in the order :func:`load_problems` tries them:
    ``math_train`` (plus ``gsm8k_train``) — read from a local JSONL file under the data root:
    ``$RELAYRL_DATA`` if set, else ``../shared/data`` next to the repository;
 2. a path to a ``.jsonl`` / ``.parquet`` file whose fields are named by a :class:`FieldMap`;
+   its grader is the one named, else recognised from its rows (:func:`detect_grader`);
 3. ``hub:<name>`` — a Hugging Face hub dataset through ``datasets.load_dataset`` (imported
    only then; for users online).
 
@@ -247,6 +248,64 @@ def load_problems(
     return problems[:limit] if limit is not None else problems
 
 
+# Row schemas a user file is recognised by when no grader is named (first match wins).
+GRADER_SCHEMAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("code", ("prompt", "test", "entry_point")),  # HumanEval / MBPP-style rows
+    ("countdown", ("numbers", "target")),
+)
+META_FIELDS = {"code": ("prompt", "test", "entry_point"), "countdown": ("numbers", "target")}
+
+
+def detect_grader(row: dict[str, Any], fields: FieldMap, source: str) -> str:
+    """The grader a user file's rows call for, from the fields of its first row: a
+    recognised schema (:data:`GRADER_SCHEMAS`), else ``math`` when the row has the answer
+    field. Anything else is an error asking for an explicit grader: a file is never graded
+    by the math grader just because nothing else was said."""
+    for grader, required in GRADER_SCHEMAS:
+        if all(key in row for key in required):
+            return grader
+    if fields.answer in row:
+        return "math"
+    raise RelayError(
+        f"{source}: cannot tell which grader its rows need (fields {sorted(row)}); name one "
+        f"(--grader math|code|countdown) or the answer field (--answer-field)"
+    )
+
+
+def _user_rows(
+    rows: Iterable[tuple[int, dict[str, Any]]], source: str, fields: FieldMap, grader: str | None
+) -> tuple[list[tuple[int, dict[str, Any]]], str]:
+    """The rows of a user file and its grader (``grader`` if given, else detected)."""
+    rows = list(rows)
+    if grader is None:
+        if not rows:
+            raise RelayError(f"{source} has no rows")
+        grader = detect_grader(rows[0][1], fields, f"{source}:{rows[0][0]}")
+    return rows, grader
+
+
+def _load_user_rows(
+    rows: Iterable[tuple[int, dict[str, Any]]],
+    source: str,
+    dataset: str,
+    fields: FieldMap,
+    template: str | None,
+    grader: str | None,
+    math: dict[str, Any] | None,
+) -> list[Problem]:
+    rows, grader = _user_rows(rows, source, fields, grader)
+    return rows_to_problems(
+        rows,
+        source,
+        fields=fields,
+        template=template or PLAIN_TEMPLATE,
+        grader=grader,
+        math=math if math is not None else (_BOXED_FIRST if grader == "math" else None),
+        meta_fields=META_FIELDS.get(grader, ()),
+        dataset=dataset,
+    )
+
+
 def _load_file(
     path: Path,
     fields: FieldMap,
@@ -257,18 +316,7 @@ def _load_file(
     if not path.is_file():
         raise RelayError(f"dataset file {path} does not exist")
     rows = _iter_parquet(path) if path.suffix == ".parquet" else iter_jsonl(path)
-    grader = grader or "math"
-    meta_fields = ("prompt", "test", "entry_point") if grader == "code" else ()
-    return rows_to_problems(
-        rows,
-        str(path),
-        fields=fields,
-        template=template or PLAIN_TEMPLATE,
-        grader=grader,
-        math=math if math is not None else (_BOXED_FIRST if grader == "math" else None),
-        meta_fields=meta_fields,
-        dataset=path.stem,
-    )
+    return _load_user_rows(rows, str(path), path.stem, fields, template, grader, math)
 
 
 def _load_hub(
@@ -288,13 +336,4 @@ def _load_hub(
     except Exception as exc:  # network, missing dataset, bad split: all user-facing
         raise RelayError(f"could not load hub dataset {name!r} split {split!r}: {exc}") from exc
     rows = ((i, dict(row)) for i, row in enumerate(table, 1))
-    grader = grader or "math"
-    return rows_to_problems(
-        rows,
-        f"hub:{name}[{split}]",
-        fields=fields,
-        template=template or PLAIN_TEMPLATE,
-        grader=grader,
-        math=math if math is not None else (_BOXED_FIRST if grader == "math" else None),
-        dataset=name,
-    )
+    return _load_user_rows(rows, f"hub:{name}[{split}]", name, fields, template, grader, math)

@@ -4,23 +4,26 @@ A run recorded with ``train.dump_trajectories: true`` holds every trained trajec
 in ``samples.jsonl`` (``Trajectory.to_dict``: token ids, behaviour logprobs, versions,
 reward, advantage), one row per sample in training order. This module reads them back —
 grouped by step, and by group within a step, in the order they were trained — and feeds
-them to the same :class:`RLTrainer`: no rollout server, no grading pool; the recorded
-rewards and advantages are used as they are (REINFORCE++-baseline recomputes its batch
-normalisation from the recorded rewards, exactly as the trainer did). With the recorded
-config and starting weights the updates are the recorded run's, bit for bit
+them, as a :class:`RecordedBatches` source, to the training loop live runs use
+(:class:`~relayrl.train.loop.TrainingLoop`): no rollout server, no grading pool; the
+recorded rewards and advantages are used as they are (the rollout controller computed them
+over each batch; the trainer only consumes them). With the recorded config and starting
+weights the updates are the recorded run's, bit for bit
 (tests/train/test_replay.py); change ``algo.*`` or ``optim.*`` to compare objectives on
 identical data.
 
 Only complete steps are replayed: a step counts when ``metrics.jsonl`` has its row (a run
 killed mid-step leaves a partial last step, which is dropped).
 
-Owns: :class:`RecordedStep`, :func:`load_recorded_steps`, :func:`run_replay`.
+Owns: :class:`RecordedStep`, :func:`load_recorded_steps`, :class:`RecordedBatches`,
+:func:`run_replay`.
 Imports: config, errors, the run-log reader of relayrl.report, the Trajectory record,
-models, tasks, the trainer, the run logger and dashboard, and rl.py's evaluation.
+models, tasks, the trainer, the run logger, the training loop and rl.py's TrainResult.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -33,10 +36,10 @@ from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import Trajectory
-from relayrl.train.dashboard import Dashboard
 from relayrl.train.loggers import check_loggers
-from relayrl.train.metrics import RunLogger, batch_metrics
-from relayrl.train.rl import TrainResult, eval_metrics
+from relayrl.train.loop import TrainingLoop
+from relayrl.train.metrics import RunLogger
+from relayrl.train.rl import TrainResult
 from relayrl.train.trainer import RLTrainer
 
 NOT_DUMPED = (
@@ -146,70 +149,45 @@ def config_differences(config: RunConfig, source: Path) -> list[str]:
     return out
 
 
-class _Replay:
-    """The model, trainer, logger and held-out problems of one replay run."""
+class RecordedBatches:
+    """A :class:`~relayrl.train.loop.BatchSource` over a recorded run's steps: nothing to
+    publish, no servers to count."""
 
-    def __init__(self, config: RunConfig, run_dir: Path) -> None:
-        from relayrl.models.loading import load_model, load_tokenizer
-        from relayrl.tasks.registry import make_task
+    def __init__(self, steps: list[RecordedStep]) -> None:
+        self._steps = iter(steps)
 
-        self.config = config
-        model_dir = Path(str(config.model.path))
-        self.tokenizer = load_tokenizer(model_dir)
-        torch.manual_seed(config.seed)  # as run_train does before loading the model
-        model = load_model(model_dir, config.model.device, config.model.dtype)
-        self.trainer = RLTrainer(model, config, pad_id=self.tokenizer.pad_token_id)
-        task = make_task(config.task.name, config.task.params)
-        self.test = task.problems("test", config.eval.num_problems, config.task.seed)
-        self.logger = RunLogger.from_config(run_dir, config, self.decode)
-        self.evals: list[dict[str, Any]] = []
+    async def next_batch(self) -> list[list[Trajectory]]:
+        return next(self._steps).groups
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    async def after_update(self, trainer_version: int, last_step: bool) -> dict[str, Any]:
+        return {}
 
-    def evaluate(self, problems: list) -> dict[str, Any]:
-        result = eval_metrics(self.trainer, self.tokenizer, problems, self.config)
-        self.evals.append(result)
-        return result
+    def step_metrics(self, step_seconds: float) -> dict[str, Any]:
+        return {}
 
-    def step(self, rec: RecordedStep) -> dict[str, Any]:
-        trajs = rec.trajectories
-        version = self.trainer.version
-        stats = self.trainer.train_step(rec.groups)
-        self.logger.log_samples(trajs, rec.step, version)
-        metrics: dict[str, Any] = {"step": rec.step + 1, "version": self.trainer.version}
-        metrics.update(batch_metrics(trajs))
-        metrics.update(stats)
-        train_time = stats["time_prox_s"] + stats["time_update_s"]
-        metrics["train_tokens_per_s"] = stats["train_tokens"] / max(train_time, 1e-9)
-        return metrics
+    async def final_metrics(self) -> dict[str, Any]:
+        return {}
 
-    def run(self, steps: list[RecordedStep]) -> tuple[dict[str, Any] | None, float]:
-        cfg = self.config.train
-        dashboard = Dashboard(len(steps), cfg.progress, cfg.log_every)
-        periodic = self.test[: cfg.eval_problems]
-        start = last = time.perf_counter()
-        try:
-            if cfg.eval_every:
-                self.logger.log_step({"step": 0, "version": 0, **self.evaluate(periodic)})
-            for rec in steps:
-                metrics = self.step(rec)
-                last_step = rec is steps[-1]  # the final evaluation follows, as in run_train
-                if cfg.eval_every and metrics["step"] % cfg.eval_every == 0 and not last_step:
-                    metrics.update(self.evaluate(periodic))
-                now = time.perf_counter()
-                metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
-                last = now
-                self.logger.log_step(metrics)
-                dashboard.update(metrics)
-            final = self.evaluate(self.test)
-            self.logger.log_step(
-                {"step": len(steps), "version": self.trainer.version, "final": True, **final}
-            )
-        finally:
-            dashboard.close()
-            self.logger.close()
-        return final, time.perf_counter() - start
+
+def _replay_loop(config: RunConfig, run_dir: Path, total_steps: int) -> TrainingLoop:
+    """The trainer (as ``run_train`` builds it), logger and held-out problems of a replay."""
+    from relayrl.models.loading import load_model, load_tokenizer
+    from relayrl.tasks.registry import make_task
+
+    model_dir = Path(str(config.model.path))
+    tokenizer = load_tokenizer(model_dir)
+    torch.manual_seed(config.seed)  # as run_train does before loading the model
+    model = load_model(model_dir, config.model.device, config.model.dtype)
+    trainer = RLTrainer(model, config, pad_id=tokenizer.pad_token_id)
+    task = make_task(config.task.name, config.task.params)
+    test = task.problems("test", config.eval.num_problems, config.task.seed)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    logger = RunLogger.from_config(run_dir, config, decode)
+    periodic = test[: config.train.eval_problems]
+    return TrainingLoop(config, trainer, tokenizer, logger, periodic, test, total_steps)
 
 
 def run_replay(config: RunConfig, source: str | Path, progress: bool | None = None) -> TrainResult:
@@ -218,7 +196,7 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     Replays ``min(train.total_steps, recorded steps)`` steps and writes its own run
     directory (``<output_dir>/<name>``, or ``<name>-replay`` when that is ``source``).
     """
-    from relayrl.train.sft import prepare_run_dir
+    from relayrl.config.loader import prepare_run_dir
 
     source = Path(source)
     if progress is not None:
@@ -233,8 +211,13 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
         print(f"replay differs from the recorded run: {line}", flush=True)
     torch.set_num_threads(config.train.trainer_threads)
     run_dir = prepare_run_dir(config)
-    replay = _Replay(config, run_dir)
-    final, seconds = replay.run(steps)
+    replay = _replay_loop(config, run_dir, len(steps))
+    start = time.perf_counter()
+    try:
+        final = asyncio.run(replay.run(RecordedBatches(steps)))
+    finally:
+        replay.logger.close()
+    seconds = time.perf_counter() - start
     if config.train.save_final:
         out = run_dir / "final_model"
         replay.trainer.model.save_pretrained(out)

@@ -1,7 +1,8 @@
 """`relayrl train`: the asynchronous RL job (rollout servers + controller + trainer).
 
-Owns: :func:`run_train` (the whole job), :class:`TrainResult`, the training loop coroutine
-and weight publication. Process layout (docs/async.md): the rollout servers are ``relayrl
+Owns: :func:`run_train` (the whole job), :class:`TrainResult`, the live batch source (the
+rollout controller's batches, weight publication after each update) that the shared
+training loop (``relayrl.train.loop``) draws from. Process layout (docs/async.md): the rollout servers are ``relayrl
 serve`` child processes (``relayrl.launch.servers``); this process runs the controller
 (asyncio), the grading pool's feeder threads and the trainer, whose optimizer steps run in a
 worker thread so the event loop keeps feeding the servers meanwhile. With
@@ -21,8 +22,8 @@ SIGINT/SIGTERM, ``resume=True`` continues from the newest good one
 (``relayrl.train.resume``); dead or hung rollout servers are restarted with the latest
 weights and their requests resubmitted (``relayrl.launch.supervisor``).
 
-Imports: config, engine client, rewards pool, eval, tasks, models, rollout controller,
-trainer, run logger and loggers, console dashboard, launcher and supervisor, checkpoints.
+Imports: config, engine client, rewards pool, tasks, models, rollout controller and workflow,
+trainer, training loop, run logger and loggers, launcher and supervisor, checkpoints.
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ from typing import Any
 
 import torch
 
-from relayrl.config.schema import EvalConfig, RunConfig
+from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.launch.backends import RolloutBackend, make_backend
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rewards.pool import Grader
-from relayrl.rollout.controller import ControllerOptions, PromptLoader, RolloutController
+from relayrl.rollout.controller import ControllerOptions, RolloutController
+from relayrl.rollout.prompts import PromptLoader
+from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
-from relayrl.train.dashboard import Dashboard
 from relayrl.train.distributed import TrainerGroup, check_trainer_ranks, make_trainer
 from relayrl.train.loggers import check_loggers
-from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.loop import TrainingLoop
+from relayrl.train.metrics import RunLogger
 from relayrl.train.resume import (
     RunCheckpoints,
     StopRequested,
@@ -61,7 +65,6 @@ from relayrl.train.resume import (
     begin_run,
     remove_orphaned_dirs,
 )
-from relayrl.train.trainer import RLTrainer
 
 # engine counters summed over the servers into the final metrics row (``server_<name>``):
 # how much prefill the weight updates cost (KV recomputed for retracted requests)
@@ -99,6 +102,17 @@ class TrainResult:
 def publish_interval(publish_every: int, eta: int) -> int:
     """Steps between publications: ``publish_every``, capped at η + 1 (no starvation)."""
     return max(1, min(publish_every, eta + 1))
+
+
+def remove_older_snapshots(root: Path, version: int) -> list[Path]:
+    """Delete the published weight snapshots ``root/v<k>`` with ``k < version`` (the servers
+    have loaded ``version``); nothing else under ``root`` is touched. Returns what went."""
+    removed = []
+    for old in root.glob("v*"):
+        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < version:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return sorted(removed)
 
 
 def train_problems(config: RunConfig, task) -> list[Problem]:
@@ -140,38 +154,11 @@ def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False
     return run_dir / "sft_model"
 
 
-def evaluate_model(model, tokenizer, problems: list[Problem], cfg: EvalConfig, seed: int):
-    """pass@1 of the trainer's current weights (one version) on an in-process engine."""
-    from relayrl.engine.engine import Engine
-    from relayrl.engine.types import EngineOptions
-    from relayrl.eval.evaluate import evaluate
-
-    context = model.config.max_position_embeddings
-    options = EngineOptions(max_running_requests=cfg.batch_size, max_seq_len=context)
-    try:
-        with torch.no_grad(), Engine(model, tokenizer, options) as engine:
-            return evaluate(engine, tokenizer, problems, cfg, seed=seed)
-    finally:
-        model.train()
-
-
-def eval_metrics(
-    trainer: RLTrainer, tokenizer, problems: list[Problem], config: RunConfig
-) -> dict[str, Any]:
-    """The metrics row of one held-out evaluation of the trainer's current weights."""
-    start = time.perf_counter()
-    cfg = config.eval.model_copy(update={"num_problems": len(problems)})
-    report = evaluate_model(trainer.model, tokenizer, problems, cfg, config.seed)
-    return {
-        "eval_pass@1": report.pass_at_1,
-        "eval_version": trainer.version,
-        "eval_problems": report.num_problems,
-        "time_eval_s": time.perf_counter() - start,
-    }
-
-
 class _Job:
-    """Everything one run holds; ``loop()`` is the training coroutine."""
+    """Everything one live run holds, and the :class:`~relayrl.train.loop.BatchSource` the
+    training loop draws from: batches from the rollout controller, weight publication after
+    each update, the servers' counters; ``loop()`` starts the rollout side and runs the
+    shared :class:`~relayrl.train.loop.TrainingLoop`."""
 
     def __init__(
         self,
@@ -181,11 +168,13 @@ class _Job:
         launcher,
         pool,
         resume_from: Checkpoint | None = None,
+        backend: RolloutBackend | None = None,
     ) -> None:
         from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
         from relayrl.tasks.registry import make_task
 
         self.config, self.run_dir, self.launcher, self.pool = config, run_dir, launcher, pool
+        self.backend = backend or make_backend(config, model_dir)
         self.task = make_task(config.task.name, config.task.params)
         self.tokenizer = load_tokenizer(model_dir)
         torch.manual_seed(config.seed)
@@ -201,7 +190,6 @@ class _Job:
         self.decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
         self.logger = RunLogger.from_config(run_dir, config, self.decode, append=bool(resume_from))
         self.weights = weights_root(config, run_dir)
-        self.evals: list[dict[str, Any]] = []
         self.resume_from = resume_from
         self.checkpoints = RunCheckpoints(
             run_dir,
@@ -210,10 +198,20 @@ class _Job:
             self.trainer,
             self.tokenizer,
         )
-        self.steps_done = 0
+        self.training = TrainingLoop(
+            config,
+            self.trainer,
+            self.tokenizer,
+            self.logger,
+            self.test_periodic,
+            self.test_final,
+            config.train.total_steps,
+        )
         self.supervisor: ServerSupervisor | None = None
         self._publication: asyncio.Task | None = None
         self.publish_seconds = 0.0  # how long the last finished publication took
+        self.publications = 0
+        self.publish_total_s = 0.0
 
     # ------------------------------------------------------------------ pieces
     async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
@@ -243,9 +241,9 @@ class _Job:
             raise
         controller.set_published_version(version)
         self.publish_seconds = time.perf_counter() - start
-        for old in self.weights.glob("v*"):
-            if old.name[1:].isdigit() and int(old.name[1:]) < version:
-                shutil.rmtree(old, ignore_errors=True)
+        self.publications += 1
+        self.publish_total_s += self.publish_seconds
+        remove_older_snapshots(self.weights, version)
 
     async def _finish_publication(self) -> None:
         """Wait for the publication in flight, if any (its error already reached the
@@ -253,13 +251,6 @@ class _Job:
         task, self._publication = self._publication, None
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
-
-    async def _evaluate(self, problems: list[Problem]) -> dict[str, Any]:
-        result = await asyncio.to_thread(
-            eval_metrics, self.trainer, self.tokenizer, problems, self.config
-        )
-        self.evals.append(result)
-        return result
 
     async def _resume(self, controller: RolloutController) -> int:
         """Restore the checkpoint being resumed (if any) and publish its weights to the
@@ -292,16 +283,17 @@ class _Job:
     # ------------------------------------------------------------------ the loop
     async def loop(self, urls: list[str]) -> TrainResult:
         cfg = self.config
-        interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
-        client = RolloutClient(urls, timeout=3600.0)
+        self.interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
+        self.client = client = self.backend.client(urls, timeout=3600.0)
+        await self.backend.check_servers(client)
         self.supervisor = ServerSupervisor(
             self.launcher,
             client,
-            cfg.rollout.max_server_restarts,
+            0 if cfg.rollout.server_urls else cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
         )
-        controller = RolloutController(
+        self.controller = controller = RolloutController(
             self.loader,
             ControllerOptions.from_config(cfg),
             # one HTTP exchange per group (its n samples as one batched /generate)
@@ -309,45 +301,21 @@ class _Job:
             lambda problem, texts: self.pool.score_batch([(problem, t) for t in texts]),
             self.encode,
             self.decode,
+            workflow=WORKFLOWS.lookup(cfg.rollout.workflow)(),
         )
-        first = self.steps_done = await self._resume(controller)
+        first = await self._resume(controller)
         controller.start()
         stop = StopSignal(controller.fail)
         stop.install()
         watch = asyncio.create_task(self.supervisor.watch(controller.fail))
-        dashboard = Dashboard.from_config(cfg)
-        start = last = time.perf_counter()
+        self.training.on_step_end = lambda done: self.checkpoints.after_step(
+            done, cfg.train.total_steps, stop
+        )
+        start = time.perf_counter()
         try:
-            if cfg.train.eval_every and first == 0:
-                self.logger.log_step(
-                    {"step": 0, "version": 0, **await self._evaluate(self.test_periodic)}
-                )
-            for step in range(first, cfg.train.total_steps):
-                metrics = await self._one_step(step, controller, interval)
-                now = time.perf_counter()
-                metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
-                gen_tokens = controller.take_generated_tokens()
-                metrics["gen_tokens_per_s"] = gen_tokens / max(now - last, 1e-9)
-                metrics.update(self.supervisor.stats())
-                last = now
-                self.logger.log_step(metrics)
-                dashboard.update(metrics)
-                self.steps_done = step + 1
-                await self.checkpoints.after_step(self.steps_done, cfg.train.total_steps, stop)
-            final = None
-            if cfg.train.total_steps:
-                final = await self._evaluate(self.test_final)
-                self.logger.log_step(
-                    {
-                        "step": cfg.train.total_steps,
-                        "version": self.trainer.version,
-                        "final": True,
-                        **final,
-                        **await server_counters(client),
-                    }
-                )
+            final = await self.training.run(self, first)
         except StopRequested:
-            await self.checkpoints.save_and_stop(self.steps_done)
+            await self.checkpoints.save_and_stop(self.training.steps_done)
             raise
         except (RolloutServerError, OSError) as exc:
             raise self._server_error(exc) from exc
@@ -359,48 +327,47 @@ class _Job:
             await self._finish_publication()
             await controller.stop()
             await client.close()
-            dashboard.close()
-        summary = {"controller": controller.stats(), "grading": self.pool.stats()}
+        summary = {
+            "controller": controller.stats(),
+            "grading": self.pool.stats(),
+            "rollout_engine": cfg.rollout.engine,
+            "publications": self.publications,
+            "publish_latency_mean_s": self.publish_total_s / max(self.publications, 1),
+        }
         return TrainResult(
             self.run_dir,
             cfg.train.total_steps,
             final["eval_pass@1"] if final else None,
-            self.evals,
+            self.training.evals,
             time.perf_counter() - start,
             summary,
         )
 
-    async def _one_step(
-        self, step: int, controller: RolloutController, interval: int
-    ) -> dict[str, Any]:
-        cfg = self.config
-        t0 = time.perf_counter()
+    # ------------------------------------------------------------------ BatchSource
+    async def next_batch(self) -> list[list[Trajectory]]:
         try:
-            groups = await controller.next_batch()
+            groups = await self.controller.next_batch()
         except RolloutServerError as exc:
             raise self._server_error(exc) from exc
-        t_wait = time.perf_counter() - t0
-        batch = [g.trajectories for g in groups]
-        trajs = [t for g in batch for t in g]
-        version = self.trainer.version
-        stats = await asyncio.to_thread(self.trainer.train_step, batch)
-        self.logger.log_samples(trajs, step, version)
+        return [g.trajectories for g in groups]
+
+    async def after_update(self, trainer_version: int, last_step: bool) -> dict[str, Any]:
+        """Publish when the servers lag the trainer by the publication interval (not after
+        the last step: the run is over), then the controller's and graders' counters."""
         t_sync = 0.0
-        last_step = step == cfg.train.total_steps - 1
-        if not last_step and self.trainer.version - controller.published_version >= interval:
-            t_sync = await self._publish(controller)
-        metrics: dict[str, Any] = {"step": step + 1, "version": self.trainer.version}
-        metrics.update(batch_metrics(trajs))
-        metrics.update(stats)
-        train_time = stats["time_prox_s"] + stats["time_update_s"]
-        metrics["train_tokens_per_s"] = stats["train_tokens"] / max(train_time, 1e-9)
-        metrics["time_wait_s"], metrics["time_sync_s"] = t_wait, t_sync
-        metrics["publish_latency_s"] = self.publish_seconds
-        metrics.update(controller.stats())
+        if not last_step and trainer_version - self.controller.published_version >= self.interval:
+            t_sync = await self._publish(self.controller)
+        metrics: dict[str, Any] = {"time_sync_s": t_sync, "publish_latency_s": self.publish_seconds}
+        metrics.update(self.controller.stats())
         metrics.update({f"grading_{k}": v for k, v in self.pool.stats().items()})
-        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and not last_step:
-            metrics.update(await self._evaluate(self.test_periodic))
         return metrics
+
+    def step_metrics(self, step_seconds: float) -> dict[str, Any]:
+        gen_tokens = self.controller.take_generated_tokens()
+        return {"gen_tokens_per_s": gen_tokens / max(step_seconds, 1e-9), **self.supervisor.stats()}
+
+    async def final_metrics(self) -> dict[str, Any]:
+        return await server_counters(self.client)
 
     def close(self) -> None:
         if isinstance(self.trainer, TrainerGroup):
@@ -422,8 +389,8 @@ def run_train(
     continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
     ``relayrl.train.resume.resume_config`` for loading that run's config).
     """
+    from relayrl.config.loader import prepare_run_dir
     from relayrl.rewards.pool import GradingPool
-    from relayrl.train.sft import prepare_run_dir
 
     if progress is not None:
         config = config.model_copy(
@@ -438,21 +405,8 @@ def run_train(
         train_problems(config, None)
     check_loggers(config)  # and on a logger whose package is missing
     check_trainer_ranks(config)  # and on a world size this machine cannot run
-    spec = ServerSpec(
-        model_dir=str(model_dir),
-        threads=config.rollout.server_threads,
-        max_running_requests=config.rollout.max_running_requests,
-        max_seq_len=config.model.max_context,
-        device=config.model.device,
-        dtype=config.model.dtype,
-    )
-    launcher = ServerLauncher(
-        spec,
-        config.rollout.num_servers,
-        config.rollout.server_mode,
-        log_dir=run_dir,
-        startup_timeout_s=config.rollout.startup_timeout_s,
-    )
+    backend = make_backend(config, model_dir)
+    launcher = backend.launcher(run_dir)  # checks the backend's environment first
     pool = GradingPool(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
@@ -461,7 +415,7 @@ def run_train(
     sys.setswitchinterval(config.train.switch_interval_ms / 1000)
     try:
         urls = launcher.start()
-        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint)
+        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint, backend)
         result = asyncio.run(job.loop(urls))
     finally:
         sys.setswitchinterval(switch_interval)

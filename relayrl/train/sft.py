@@ -155,21 +155,6 @@ def train_sft(
     return SFTResult(out_dir, sft.steps, loss_value, time.perf_counter() - start)
 
 
-def prepare_run_dir(config: RunConfig) -> Path:
-    """Create ``<output_dir>/<name>/`` and write the resolved config into it."""
-    from relayrl.config.loader import save_config
-
-    run_dir = Path(config.output_dir) / config.name
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-    except OSError as exc:
-        from relayrl.errors import RelayError
-
-        raise RelayError(f"cannot write the run directory {str(run_dir)!r}: {exc}") from exc
-    return run_dir
-
-
 def run_sft(config: RunConfig, progress: bool = True) -> float:
     """The `relayrl sft` job: build (or load) the model, SFT it, evaluate, return pass@1.
 
@@ -187,6 +172,8 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
 
     torch.set_num_threads(config.runtime.threads)
     task = make_task(config.task.name, config.task.params)
+    from relayrl.config.loader import prepare_run_dir
+
     run_dir = prepare_run_dir(config)
     if config.model.path:
         model = load_model(config.model.path, config.model.device, config.model.dtype)

@@ -4,8 +4,8 @@ Owns: :class:`RLTrainer` (model, AdamW, warm-up + schedule, the no-grad proximal
 dynamic micro-batching with the global normaliser, gradient clipping, the weight version
 and publication of weights as safetensors) and :func:`lr_factor`.
 
-Per step: assert every trajectory's staleness ≤ η → (REINFORCE++-baseline advantages over
-the batch) → pack sequences into micro-batches under ``optim.micro_batch_tokens``
+Per step (advantages are already on the samples: the rollout controller computes them per
+batch): assert every trajectory's staleness ≤ η → pack sequences into micro-batches under ``optim.micro_batch_tokens``
 (``relayrl.algo.microbatch``) → no-grad pass for π_prox (decoupled loss; also the source of
 the behaviour-vs-proximal statistics) → for each PPO mini-batch (``optim.ppo_minibatches``
 contiguous slices of the groups, ``optim.ppo_epochs`` passes; one by default): per
@@ -40,8 +40,14 @@ from typing import Any
 
 import torch
 
-from relayrl.algo.advantages import compute_advantages
-from relayrl.algo.losses import LossConfig, entropy_from_logits, loss_normalizer, policy_loss
+from relayrl.algo.losses import (
+    LossConfig,
+    engine_trainer_kl,
+    entropy_from_logits,
+    loss_class,
+    loss_normalizer,
+    policy_loss,
+)
 from relayrl.algo.microbatch import pack_micro_batches
 from relayrl.models.loading import prefer_shape_agnostic_attention
 from relayrl.rollout.trajectory import Trajectory
@@ -242,16 +248,6 @@ class RLTrainer:
             )
         return stale
 
-    def _batch_advantages(self, groups: Sequence[Sequence[Trajectory]]) -> None:
-        if self.cfg.algo.advantage != "reinforce_pp_baseline":
-            return
-        rewards = [[t.reward for t in g] for g in groups]
-        for g, adv in zip(
-            groups, compute_advantages(rewards, "reinforce_pp_baseline"), strict=True
-        ):
-            for t, a in zip(g, adv, strict=True):
-                t.advantage = a
-
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """One PPO update on ``groups`` (lists of trajectories); returns statistics.
 
@@ -263,7 +259,6 @@ class RLTrainer:
         (``relayrl.train.replay_step``)."""
         fresh = [t for g in groups for t in g]
         stale = self.check_staleness(fresh)
-        self._batch_advantages(groups)
         t0 = time.perf_counter()
         parts = minibatch_slices(groups, len(fresh), self.cfg.optim.ppo_minibatches)
         whole = self._micro_batches(fresh) if len(parts) == 1 and self.replay is None else None
@@ -277,6 +272,8 @@ class RLTrainer:
             per_token, normalizer = terms.per_token, terms.normalizer
             extra = {**batch.stats, **terms.stats}
         t1 = time.perf_counter()
+        behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
+        extra.update(engine_trainer_kl(behav, vers, prox, self.version))
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
             parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
         total_tokens = sum(len(t.completion_ids) for t in trajs)
@@ -365,7 +362,7 @@ class RLTrainer:
         return batch, terms
 
     def _needs_prox(self) -> bool:
-        return self.loss_cfg.loss == "decoupled"
+        return loss_class(self.loss_cfg.loss).needs_prox
 
     def _accumulate(
         self,

@@ -250,7 +250,7 @@ def test_retract_requeues_shortest_first_and_counts_the_recomputed_kv(make_engin
     futures = [engine.submit(p, params) for p in PROMPTS[:4]]
     wait_for(lambda: engine.stats()["generated_tokens"] >= before["generated_tokens"] + 20)
     engine.pause("retract")
-    lengths = engine._call(lambda: [len(r.all_ids()) for r in engine._waiting])
+    lengths = engine._call(lambda: [len(r.all_ids()) for r in engine.scheduler.waiting])
     stats = engine.stats()
     assert lengths == sorted(lengths) and len(lengths) == 4  # all four, shortest first
     assert stats["retracted"] - before["retracted"] == 4

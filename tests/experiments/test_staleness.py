@@ -6,25 +6,27 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import matplotlib.pyplot as plt
 import pytest
 
 from relayrl.cli import main
-from relayrl.experiments import staleness as st
+from relayrl.experiments.staleness import command, plan, report, stats
+from relayrl.experiments.staleness import runner as grid
 
 
-def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> st.CellResult:
+def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> grid.CellResult:
     curve = curve or [(0, 0.2, 10), (100, (0.2 + final) / 2, 10), (200, final, 20)]
-    return st.CellResult(method, eta, seed, final, curve, kw.pop("stale", eta / 2), 10.0, **kw)
+    return grid.CellResult(method, eta, seed, final, curve, kw.pop("stale", eta / 2), 10.0, **kw)
 
 
 def test_plan_full_and_quick_grids():
-    cells = st.plan_cells(st.FULL)
+    cells = plan.plan_cells(plan.FULL)
     assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 2 * 3 + 3 * 3
-    assert {c.eta for c in cells if c.method in st.ABLATIONS} == {8}
+    assert {c.eta for c in cells if c.method in plan.ABLATIONS} == {8}
     assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
     assert {c.eta for c in cells if c.method == "decoupled_tis"} == {4, 8}
     assert len({c.eta for c in cells if c.method == "decoupled_mask"}) == 6
-    assert [c.name for c in st.plan_cells(st.QUICK)] == [
+    assert [c.name for c in plan.plan_cells(plan.QUICK)] == [
         "naive-eta0-seed0",
         "decoupled-eta0-seed0",
         "decoupled_mask-eta0-seed0",
@@ -37,31 +39,31 @@ def test_plan_full_and_quick_grids():
 
 
 def test_cell_configs_follow_the_presets(tmp_path):
-    naive = st.cell_config(st.Cell("naive", 8, 2), st.FULL, tmp_path / "m", tmp_path)
+    naive = plan.cell_config(plan.Cell("naive", 8, 2), plan.FULL, tmp_path / "m", tmp_path)
     assert (naive.algo.loss, naive.rollout.eta, naive.seed, naive.replay.enable) == (
         "ppo",
         8,
         2,
         False,
     )
-    assert naive.optim.lr == st.FULL.lr and naive.train.total_steps == st.FULL.steps
-    darl = st.cell_config(st.Cell("darl", 4, 0), st.QUICK, tmp_path / "m", tmp_path)
+    assert naive.optim.lr == plan.FULL.lr and naive.train.total_steps == plan.FULL.steps
+    darl = plan.cell_config(plan.Cell("darl", 4, 0), plan.QUICK, tmp_path / "m", tmp_path)
     # the window spans the staleness bound plus darl_k_beyond_eta versions
     assert darl.algo.loss == "decoupled" and darl.replay.enable and darl.replay.k == 4 + 4
-    preset_k = replace(st.QUICK, darl_k_beyond_eta=None)
-    at_eta8 = st.Cell("darl", 8, 0)
-    assert st.cell_config(at_eta8, preset_k, tmp_path, tmp_path).replay.k == 8  # the preset's
-    assert st.cell_config(at_eta8, st.QUICK, tmp_path, tmp_path).replay.k == 12
+    preset_k = replace(plan.QUICK, darl_k_beyond_eta=None)
+    at_eta8 = plan.Cell("darl", 8, 0)
+    assert plan.cell_config(at_eta8, preset_k, tmp_path, tmp_path).replay.k == 8  # the preset's
+    assert plan.cell_config(at_eta8, plan.QUICK, tmp_path, tmp_path).replay.k == 12
     assert darl.replay.warmup == 1  # quick: replay from the second step
     assert darl.output_dir == str(tmp_path) and darl.name == "darl-eta4-seed0"
-    tis = st.cell_config(st.Cell("decoupled_tis", 4, 0), st.FULL, tmp_path / "m", tmp_path)
+    tis = plan.cell_config(plan.Cell("decoupled_tis", 4, 0), plan.FULL, tmp_path / "m", tmp_path)
     assert (tis.algo.loss, tis.algo.is_level, tis.algo.is_mode, tis.algo.is_cap) == (
         "decoupled",
         "token",
         "truncate",
         2.0,
     )
-    mask = st.cell_config(st.Cell("decoupled_mask", 4, 0), st.FULL, tmp_path / "m", tmp_path)
+    mask = plan.cell_config(plan.Cell("decoupled_mask", 4, 0), plan.FULL, tmp_path / "m", tmp_path)
     assert (mask.algo.is_level, mask.algo.is_mode, mask.algo.is_cap, mask.algo.is_floor) == (
         "token",
         "mask",
@@ -71,19 +73,21 @@ def test_cell_configs_follow_the_presets(tmp_path):
 
 
 def test_ablation_cells_are_darl_with_one_override(tmp_path):
-    cfg = st.cell_config(st.Cell("darl_uniform", 8, 1), st.FULL, tmp_path / "m", tmp_path)
+    cfg = plan.cell_config(plan.Cell("darl_uniform", 8, 1), plan.FULL, tmp_path / "m", tmp_path)
     assert cfg.replay.enable and cfg.replay.weighting == "uniform" and cfg.replay.k == 12
     assert cfg.replay.select == "variance"  # everything else as D-ARL
-    off = st.cell_config(st.Cell("darl_noreplay", 8, 0), st.FULL, tmp_path, tmp_path)
+    off = plan.cell_config(plan.Cell("darl_noreplay", 8, 0), plan.FULL, tmp_path, tmp_path)
     assert off.replay.batch_fraction == 0 and off.replay.weighting == "ess"
     assert (
-        st.cell_config(st.Cell("darl_noselect", 8, 0), st.FULL, tmp_path, tmp_path).replay.select
+        plan.cell_config(
+            plan.Cell("darl_noselect", 8, 0), plan.FULL, tmp_path, tmp_path
+        ).replay.select
         == "none"
     )
-    settings = st.cell_settings(st.Cell("darl_uniform", 8, 0), st.FULL, tmp_path)
+    settings = plan.cell_settings(plan.Cell("darl_uniform", 8, 0), plan.FULL, tmp_path)
     assert settings["ablation"] == ["replay.weighting=uniform"] and settings["replay_k"] == 12
-    rows = st.table_ablation(
-        st.group(
+    rows = report.table_ablation(
+        stats.group(
             [
                 result("darl", 8, 0, 0.6, behav_kl=0.03),
                 result("darl", 8, 1, 0.7, behav_kl=0.05),
@@ -99,12 +103,14 @@ def test_ablation_cells_are_darl_with_one_override(tmp_path):
 
 
 def test_darl_window_is_part_of_darl_cells_settings_only(tmp_path):
-    wider = replace(st.FULL, darl_k_beyond_eta=8)
-    naive = st.Cell("naive", 4, 0)
-    darl = st.Cell("darl", 4, 0)
-    assert st.cell_settings(naive, wider, tmp_path) == st.cell_settings(naive, st.FULL, tmp_path)
-    assert st.cell_settings(darl, st.FULL, tmp_path)["replay_k"] == 8
-    assert st.cell_settings(darl, wider, tmp_path)["replay_k"] == 12
+    wider = replace(plan.FULL, darl_k_beyond_eta=8)
+    naive = plan.Cell("naive", 4, 0)
+    darl = plan.Cell("darl", 4, 0)
+    assert plan.cell_settings(naive, wider, tmp_path) == plan.cell_settings(
+        naive, plan.FULL, tmp_path
+    )
+    assert plan.cell_settings(darl, plan.FULL, tmp_path)["replay_k"] == 8
+    assert plan.cell_settings(darl, wider, tmp_path)["replay_k"] == 12
 
 
 def test_read_run_curve_wall_time_and_replay_share(tmp_path):
@@ -118,7 +124,7 @@ def test_read_run_curve_wall_time_and_replay_share(tmp_path):
         {"step": 2, "final": True, "eval_pass@1": 0.375, "eval_problems": 16},
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = st.read_run(tmp_path, st.Cell("darl", 4, 0), samples_per_step=16)
+    r = grid.read_run(tmp_path, plan.Cell("darl", 4, 0), samples_per_step=16)
     assert r.curve == [(0, 0.25, 8), (32, 0.5, 8), (32, 0.375, 16)]
     assert r.final_pass == 0.375
     assert r.train_seconds == pytest.approx(2.0 + 3.0)  # evaluation time excluded
@@ -126,24 +132,24 @@ def test_read_run_curve_wall_time_and_replay_share(tmp_path):
     assert r.replayed_frac == pytest.approx(8 / 40)
     (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     with pytest.raises(Exception, match="no finished run"):
-        st.read_run(tmp_path, st.Cell("darl", 4, 0), 16)
+        grid.read_run(tmp_path, plan.Cell("darl", 4, 0), 16)
 
 
 def test_grid_resumes_from_saved_cells(tmp_path):
-    budget = replace(st.QUICK, etas=(0,), darl_etas=())
-    cells = st.plan_cells(budget)
+    budget = replace(plan.QUICK, etas=(0,), darl_etas=())
+    cells = plan.plan_cells(budget)
     calls, lines = [], []
 
     def runner(cell, b, model_dir, out):
         calls.append(cell.name)
         return result(cell.method, cell.eta, cell.seed, 0.3)
 
-    first = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
+    first = grid.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
     assert calls == ["naive-eta0-seed0", "decoupled-eta0-seed0", "decoupled_mask-eta0-seed0"]
     assert "2 runs left, ETA" in lines[1] and "0 runs left" in lines[5]
-    again = st.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
+    again = grid.run_grid(cells, budget, tmp_path / "m", tmp_path, runner, lines.append)
     assert len(calls) == 3 and [r.final_pass for r in again] == [r.final_pass for r in first]
-    st.run_grid(
+    grid.run_grid(
         cells, replace(budget, lr=budget.lr * 2), tmp_path / "m", tmp_path, runner, lines.append
     )
     assert len(calls) == 6  # another lr: the saved cells do not apply
@@ -163,31 +169,33 @@ def test_summary_numbers_and_results_page(tmp_path):
         result("darl", 4, 0, 0.44, curve(0.2, 0.36, 0.44), replayed_frac=0.3),
         result("darl", 4, 1, 0.46, curve(0.2, 0.3, 0.46), replayed_frac=0.3),
     ]
-    cells = st.group(results)
-    xs, ys = zip(*st.mean_curve(cells[("darl", 4)]), strict=True)
+    cells = stats.group(results)
+    xs, ys = zip(*stats.mean_curve(cells[("darl", 4)]), strict=True)
     assert xs == (0, 100, 200) and ys == pytest.approx((0.2, 0.33, 0.45))
     # base 0.2, best final mean 0.45 (D-ARL) -> target 0.325
-    target = st.default_target(cells, (4,))
+    target = stats.default_target(cells, (4,))
     assert target == pytest.approx(0.325)
-    assert st.samples_to_target(st.mean_curve(cells[("darl", 4)]), target) == 100
-    assert st.samples_to_target(st.mean_curve(cells[("decoupled", 4)]), target) == 200
-    assert st.samples_to_target(st.mean_curve(cells[("naive", 4)]), target) is None
-    budget = replace(st.FULL, etas=(0, 4), darl_etas=(4,), seeds=2)
-    found = "\n".join(st.findings(cells, budget))
+    assert stats.samples_to_target(stats.mean_curve(cells[("darl", 4)]), target) == 100
+    assert stats.samples_to_target(stats.mean_curve(cells[("decoupled", 4)]), target) == 200
+    assert stats.samples_to_target(stats.mean_curve(cells[("naive", 4)]), target) is None
+    budget = replace(plan.FULL, etas=(0, 4), darl_etas=(4,), seeds=2)
+    found = "\n".join(report.findings(cells, budget))
     assert "naive async: 0.410 at η = 0, lowest 0.210 at η = 4; it degrades visibly" in found
     assert "decoupled PPO: 0.410 at η = 0, lowest 0.410 at η = 4; it does NOT" in found
     assert "η = 4: D-ARL 0.450 vs decoupled 0.410, above." in found
 
     md, png = tmp_path / "staleness.md", tmp_path / "staleness.png"
     base = {"model": "m", "pass": "0.200"}
-    st.write_markdown(md, results, budget, "relayrl experiment staleness", base, target, 60.0)
-    st.write_plot(png, results, budget)
+    report.write_markdown(md, results, budget, "relayrl experiment staleness", base, target, 60.0)
+    report.write_plot(png, results, budget)
     text = md.read_text()
     assert "| 4 | 0.210 ± 0.014 | 0.410 ± 0.014 | 2.00 / 2.00 |" in text
     assert "| 4 | D-ARL | 0.450 ± 0.014 | 100 | 2/2 |" in text
     assert "| 4 | naive async | 0.210 ± 0.014 | not reached | 0/2 |" in text
     assert "the default's rationale" in text  # a non-default budget says so
-    assert png.stat().st_size > 10_000
+    image = plt.imread(png)  # a real picture, not an empty canvas
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 200
+    assert image[..., :3].std() > 0.05
 
 
 def test_bad_arguments_are_clear_errors(capsys):
@@ -195,6 +203,6 @@ def test_bad_arguments_are_clear_errors(capsys):
     assert "--seeds must be >= 1" in capsys.readouterr().err
     assert main(["experiment", "staleness", "--model-path", "/nonexistent"]) != 0
     assert "is not a directory" in capsys.readouterr().err
-    assert st.command_line(["x", "experiment", "staleness", "--quick"]).endswith(
+    assert command.command_line(["x", "experiment", "staleness", "--quick"]).endswith(
         "staleness --quick"
     )

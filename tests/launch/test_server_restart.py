@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from relayrl.launch.supervisor import ServerSupervisor
-from relayrl.rollout.controller import PromptLoader
+from relayrl.rollout.prompts import PromptLoader
 from relayrl.tasks.registry import make_task
 from relayrl.train.rl import run_train
 from tests.launch._faulty import FAULT_DIR_ENV, faulty_grader

@@ -86,3 +86,27 @@ def test_stop_ends_a_stopped_server(launcher):
     launcher.stop()
     assert proc.returncode == -signal.SIGTERM  # SIGCONT let it take the SIGTERM
     assert time.monotonic() - start < 5  # not the 10 s wait before SIGKILL
+
+
+def test_telling_line_picks_the_exception_and_its_detail(tmp_path):
+    from relayrl.launch.servers import telling_line
+
+    log = tmp_path / "server-0.log"
+    log.write_text(
+        "INFO starting\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, Model architectures ['Nope'] are not supported for now.\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+        "INFO shutting down\n"
+    )
+    assert telling_line(log) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig | "
+        "Value error, Model architectures ['Nope'] are not supported for now."
+    )
+    log.write_text("INFO a\nWARNING b\nOSError: [Errno 98] Address already in use\nINFO c\n")
+    assert telling_line(log) == "OSError: [Errno 98] Address already in use"
+    log.write_text("INFO a\nINFO last\n")
+    assert telling_line(log) == "INFO last"
+    assert telling_line(tmp_path / "missing.log") == ""

@@ -60,3 +60,46 @@ def test_grade_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     code = main(["grade", "--data", "gsm8", "--predictions", str(tmp_path / "none.jsonl")])
     assert code == 2
     assert "did you mean 'gsm8k'" in capsys.readouterr().err
+
+
+def test_a_humaneval_file_given_by_path_is_graded_by_the_code_grader(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user file in HumanEval's schema is recognised as code: its canonical solutions pass
+    (graded by the math grader they would all score 0)."""
+    rows = [json.loads(line) for line in (shared_data / "humaneval/test.jsonl").open()][:3]
+    data = tmp_path / "my_humaneval.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": r["id"],
+                    "completion": f"```python\n{r['prompt']}{r['canonical_solution']}```",
+                }
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    assert main(["grade", "--data", str(data), "--predictions", str(preds)]) == 0
+    captured = capsys.readouterr()
+    assert "with grader code (recognised from the dataset)" in captured.err
+    assert captured.out.strip().splitlines()[-1] == "accuracy=1.0000"
+
+
+def test_a_file_of_unknown_schema_needs_a_grader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "odd.jsonl"
+    data.write_text(json.dumps({"id": "a", "prompt": "hi", "gold": "1"}) + "\n")
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"id": "a", "completion": "#### 1"}) + "\n")
+    assert main(["grade", "--data", str(data), "--predictions", str(preds)]) != 0
+    err = capsys.readouterr().err
+    assert f"{data}:1: cannot tell which grader" in err and "'gold'" in err
+    code = main(
+        ["grade", "--data", str(data), "--predictions", str(preds), "--answer-field", "gold"]
+    )
+    assert code == 0 and capsys.readouterr().out.strip().endswith("accuracy=1.0000")

@@ -1,5 +1,6 @@
 """Code grading: HumanEval canonical solutions pass, mutants fail, and adversarial programs
-neither pass nor harm the host or this test process."""
+neither pass nor harm the host or this test process, under each sandbox backend
+(bubblewrap and the stand-alone launcher)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.rewards import sandbox
 from relayrl.rewards.code import build_program, extract_code, grade_code
 from relayrl.rewards.pool import GradingPool
 from relayrl.rewards.sandbox import BASE_UID, SandboxLimits, python_argv, run_sandboxed
@@ -20,6 +22,16 @@ from relayrl.tasks.datasets import load_problems
 LIMITS = SandboxLimits(wall_s=4.0, cpu_s=3, memory_mb=512, nproc=16)
 PROMPT = "def add(a, b):\n"
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+
+
+@pytest.fixture(params=sandbox.BACKENDS)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test under each sandbox backend ($RELAYRL_SANDBOX)."""
+    if request.param == "bwrap" and not sandbox._bwrap_works():
+        pytest.skip("bubblewrap is not installed or cannot create namespaces here")
+    monkeypatch.setenv("RELAYRL_SANDBOX", request.param)
+    assert sandbox.sandbox_backend() == request.param
+    return request.param
 
 
 def _sandbox_pids() -> list[int]:
@@ -81,7 +93,7 @@ ADVERSARIAL = {
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_adversarial_programs_never_pass(name: str) -> None:
+def test_adversarial_programs_never_pass(name: str, backend: str) -> None:
     start = time.monotonic()
     verdict = grade_code(ADVERSARIAL[name], PROMPT, TEST, "add", LIMITS)
     assert not verdict.passed, verdict
@@ -89,7 +101,7 @@ def test_adversarial_programs_never_pass(name: str) -> None:
     assert _sandbox_pids() == []  # nothing left running (fork bomb included)
 
 
-def test_writes_outside_workdir_do_not_reach_host(tmp_path: Path) -> None:
+def test_writes_outside_workdir_do_not_reach_host(tmp_path: Path, backend: str) -> None:
     tmp_path.chmod(0o777)
     marker = f"/tmp/relayrl-escape-{uuid.uuid4().hex}"
     targets = [marker, str(tmp_path / "escape.txt"), str(Path(__file__).parent / "escape.txt")]
@@ -102,7 +114,7 @@ def test_writes_outside_workdir_do_not_reach_host(tmp_path: Path) -> None:
     assert not any(Path(t).exists() for t in targets)
 
 
-def test_no_network_and_scrubbed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_network_and_scrubbed_environment(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     secret = uuid.uuid4().hex
     monkeypatch.setenv("RELAYRL_FAKE_SECRET", secret)
     server = socket.socket()
@@ -142,3 +154,27 @@ def test_no_network_and_scrubbed_environment(monkeypatch: pytest.MonkeyPatch) ->
         thread.join()
         server.close()
     assert accepted == []
+
+
+def test_bwrap_gives_a_read_only_root_and_its_own_pid_namespace(monkeypatch) -> None:
+    if not sandbox._bwrap_works():
+        pytest.skip("bubblewrap is not installed or cannot create namespaces here")
+    monkeypatch.setenv("RELAYRL_SANDBOX", "bwrap")
+    probe = (
+        "import os\n"
+        "print(bool(os.statvfs('/').f_flag & os.ST_RDONLY))\n"
+        "print(len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+        f"print(os.getuid() >= {BASE_UID})\n"
+    )
+    shown = run_sandboxed(python_argv("p.py"), {"p.py": probe}, LIMITS)
+    read_only, processes, own_uid = shown.stdout.decode().split()
+    assert shown.returncode == 0 and read_only == "True" and own_uid == "True"
+    assert int(processes) <= 3  # bwrap's init, the launcher exec'd into python: nothing else
+
+
+def test_unknown_backend_is_named(monkeypatch) -> None:
+    monkeypatch.setenv("RELAYRL_SANDBOX", "docker")
+    with pytest.raises(
+        ValueError, match="RELAYRL_SANDBOX='docker'; expected auto, bwrap or launcher"
+    ):
+        sandbox.sandbox_backend()

@@ -11,16 +11,17 @@ from dataclasses import dataclass
 import pytest
 
 from relayrl.engine.types import SamplingParams
+from relayrl.errors import RelayError
 from relayrl.rollout.controller import (
     ControllerOptions,
-    PromptLoader,
     RolloutController,
     admission_capacity,
-    per_item,
-    per_request,
     request_seed,
 )
+from relayrl.rollout.prompts import PromptLoader
+from relayrl.rollout.workflow import per_item, per_request
 from relayrl.tasks.base import Problem
+from relayrl.train.rl import publish_interval
 
 
 @dataclass
@@ -68,14 +69,14 @@ def problems(n: int = 50, long_every: int = 0) -> list[Problem]:
     return out
 
 
-def make_controller(servers, options, score, probs=None) -> RolloutController:
+def make_controller(servers, options, score, probs=None, generate=None) -> RolloutController:
     async def scorer(problem, text):
         return score(problem, text)
 
     return RolloutController(
         PromptLoader(probs or problems(), seed=3),
         options,
-        per_request(servers.generate),
+        per_request(generate or servers.generate),
         per_item(scorer),
         encode=lambda p: [1] * len(p.prompt),
         decode=lambda ids: " ".join(map(str, ids)),
@@ -83,12 +84,17 @@ def make_controller(servers, options, score, probs=None) -> RolloutController:
 
 
 async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish_every=1):
-    """A fake trainer: take batches, check staleness, 'train', publish."""
+    """A fake trainer: take batches, check staleness and the admission bound, 'train',
+    publish on the training loop's own schedule (``publish_interval``)."""
     ctrl.start()
     version, worst = 0, 0
+    interval = publish_interval(publish_every, eta)
+    b = ctrl.opt.prompts_per_step
     try:
         for _ in range(steps):
-            batch = await ctrl.next_batch()
+            batch = await asyncio.wait_for(ctrl.next_batch(), timeout=30)
+            bound = admission_capacity(ctrl.published_version, eta, b)
+            assert ctrl.accepted + ctrl.running_groups <= bound
             for group in batch:
                 for t in group.trajectories:
                     stale = t.staleness(version)
@@ -96,7 +102,7 @@ async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish
                     worst = max(worst, stale)
             await asyncio.sleep(rng.expovariate(1 / 0.01))
             version += 1
-            if version - ctrl.published_version >= min(publish_every, eta + 1):
+            if version - ctrl.published_version >= interval:
                 servers.version = version
                 ctrl.set_published_version(version)
     finally:
@@ -133,9 +139,50 @@ def test_staleness_bound_under_random_delays(trial):
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(float(rng.random() < 0.5)))
     worst = asyncio.run(drive(ctrl, servers, 15, eta, rng, publish_every=rng.randint(1, 3)))
     assert worst <= eta
-    assert ctrl.accepted + ctrl.running_groups <= admission_capacity(15, eta, 4)
     if options.concurrency:
         assert servers.max_in_flight <= options.concurrency
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_rare_publication_is_capped_so_admission_never_starves(eta):
+    """``train.publish_every`` larger than η + 1 would leave the admission bound
+    (p + η + 1)·B behind the trainer and deadlock the run; the loop publishes at least every
+    η + 1 steps, and 12 steps finish."""
+    assert publish_interval(100, eta) == eta + 1
+    rng = random.Random(eta)
+    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=eta, max_new_tokens=8)
+    servers = FakeServers(rng)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+    assert asyncio.run(drive(ctrl, servers, 12, eta, rng, publish_every=100)) <= eta
+    assert ctrl.published_version >= 12 - (eta + 1)
+
+
+def test_failing_generation_stops_the_run_after_the_limit():
+    async def broken(ids, params, key):
+        raise ValueError("bad request")
+
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8, max_consecutive_errors=5
+    )
+    ctrl = make_controller(None, options, lambda p, t: FakeReward(1.0), generate=broken)
+    with pytest.raises(RelayError, match="5 groups failed in a row: bad request"):
+        one_batch(ctrl)
+    assert ctrl.counters["rejected_error"] >= 5
+
+
+def test_dynamic_sampling_that_drops_everything_stops_the_run():
+    options = ControllerOptions(
+        n_samples=2,
+        prompts_per_step=2,
+        eta=1,
+        max_new_tokens=8,
+        dynamic_sampling=True,
+        max_consecutive_filtered=7,
+    )
+    servers = FakeServers(random.Random(3))
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+    with pytest.raises(RelayError, match="dynamic sampling dropped 7 groups in a row"):
+        one_batch(ctrl)
 
 
 def test_async_actually_overlaps_and_reaches_eta():
@@ -200,8 +247,7 @@ def test_generation_error_rejects_the_group_only():
         return await servers.generate(ids, params, key)
 
     options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
-    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
-    ctrl._generate_group = per_request(flaky)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=flaky)
     assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
 

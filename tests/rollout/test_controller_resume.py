@@ -11,7 +11,8 @@ import random
 import pytest
 
 from relayrl.errors import RelayError
-from relayrl.rollout.controller import ControllerOptions, PromptLoader
+from relayrl.rollout.controller import ControllerOptions
+from relayrl.rollout.prompts import PromptLoader
 from tests.rollout.test_controller import FakeReward, FakeServers, make_controller, problems
 
 OPTIONS = dict(n_samples=2, prompts_per_step=3, max_new_tokens=8)

@@ -9,7 +9,8 @@ from relayrl.algo.advantages import compute_advantages
 from relayrl.engine.engine import Engine
 from relayrl.engine.types import EngineOptions, SamplingParams
 from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
-from relayrl.rollout.controller import PromptLoader, request_seed
+from relayrl.rollout.controller import request_seed
+from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.registry import make_task
 from relayrl.train.rl import run_train

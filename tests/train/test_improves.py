@@ -9,7 +9,8 @@ import time
 from relayrl.config.loader import load_config
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.tasks.registry import make_task
-from relayrl.train.rl import evaluate_model, run_train
+from relayrl.train.loop import evaluate_model
+from relayrl.train.rl import run_train
 from tests.train.conftest import QUICK_TASK
 
 EVAL_PROBLEMS = 150

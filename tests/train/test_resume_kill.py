@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from relayrl.rollout.controller import PromptLoader
+from relayrl.rollout.prompts import PromptLoader
 from relayrl.tasks.registry import make_task
 
 CLI = "import sys; from relayrl.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -1,0 +1,139 @@
+"""The model side of the engine: batched forward passes over the slot KV cache, sampling,
+and weight loading.
+
+Owns :class:`ModelRunner`: the model (used as is: device and dtype included), its slot KV
+cache, the left-padded prefill of newly admitted requests, the one-token decode of every
+running request, sampling with per-request generators (token + its logprob under the
+sampling distribution, docs/engine.md) and loading new weights in place. Touched only by
+the engine's loop thread.
+
+Imports: torch, relayrl.engine (kv cache, sampling, sequence, weights), relayrl.models
+(attention backend choice), relayrl.errors.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from relayrl.engine.kv import SlotKVCache
+from relayrl.engine.sampling import make_batch, sample
+from relayrl.engine.sequence import Sequence
+from relayrl.engine.types import EngineOptions
+from relayrl.engine.weights import load_into
+from relayrl.errors import RelayError
+from relayrl.models.loading import prefer_shape_agnostic_attention
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def check_supported(config) -> None:
+    layer_types = getattr(config, "layer_types", None) or []
+    odd = sorted(set(layer_types) - {"full_attention"})
+    if odd:
+        raise RelayError(
+            f"model layer types {odd} are not supported by the built-in engine "
+            "(only full-attention layers; sliding-window/linear attention need per-row masks)"
+        )
+
+
+class ModelRunner:
+    def __init__(self, model, options: EngineOptions, stats: dict[str, Any]) -> None:
+        self.model = model.eval()
+        config = model.config
+        check_supported(config)
+        self.stats = stats  # the engine's counters, shared
+        self.device = next(model.parameters()).device
+        prefer_shape_agnostic_attention(self.device)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        context = getattr(config, "max_position_embeddings", None) or 4096
+        self.max_seq_len = min(options.max_seq_len or context, context)
+        slots = options.max_running_requests
+        if options.max_total_tokens is not None:
+            slots = min(slots, max(1, options.max_total_tokens // self.max_seq_len))
+        self.num_slots = slots
+        self.cache = SlotKVCache(config.num_hidden_layers, slots, self.max_seq_len)
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -1, :]
+
+    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Prompt (+ partial output) of each newly admitted request into its KV slot, as
+        one left-padded batch; the next-token logits of each."""
+        tokens = [s.all_ids() for s in seqs]
+        lengths = [len(t) for t in tokens]
+        pad_to = max(lengths)
+        dev = self.device
+        ids = torch.zeros(len(tokens), pad_to, dtype=torch.long, device=dev)
+        mask = torch.zeros(len(tokens), pad_to, dtype=torch.long, device=dev)
+        for i, t in enumerate(tokens):
+            ids[i, pad_to - len(t) :] = torch.tensor(t, dtype=torch.long)
+            mask[i, pad_to - len(t) :] = 1
+        offsets = torch.tensor([pad_to - n for n in lengths], device=dev)
+        positions = (torch.arange(pad_to, device=dev)[None, :] - offsets[:, None]).clamp(min=0)
+        self.cache.set_prefill([s.row for s in seqs], lengths, pad_to)
+        logits = self.forward(ids, mask, positions)
+        for s, n in zip(seqs, lengths, strict=True):
+            s.kv_len = n
+            if s.retracted:
+                self.stats["reprefill_tokens"] += n
+                s.retracted = False
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += sum(lengths)
+        self.stats["prefill_padded_tokens"] += pad_to * len(lengths)
+        return logits
+
+    def decode(self, running: list[Sequence]) -> torch.Tensor:
+        """One token for every running request (row i = KV slot i); their logits."""
+        dev = self.device
+        ids = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long, device=dev)
+        positions = torch.tensor([s.kv_len for s in running], dtype=torch.long, device=dev)
+        kv_len = int(positions.max()) + 1
+        mask = torch.arange(kv_len, device=dev)[None, :] <= positions[:, None]
+        self.cache.set_decode(positions)
+        logits = self.forward(ids[:, None], mask, positions[:, None])
+        for s in running:
+            s.kv_len += 1
+        self.stats["steps"] += 1
+        return logits
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """One token per request and its logprob under the distribution it was drawn from."""
+        ps = [s.params for s in seqs]
+        batch = make_batch(
+            [p.temperature for p in ps],
+            [p.top_p for p in ps],
+            [p.top_k for p in ps],
+            [s.generator for s in seqs],
+            logits.device,
+        )
+        tokens, logprobs = sample(logits, batch)
+        return tokens.tolist(), logprobs.tolist()
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        with torch.inference_mode(False):
+            load_into(self.model, state)

@@ -1,0 +1,62 @@
+"""One request as the engine sees it while it is queued or running.
+
+Owns :class:`Sequence` (token ids so far, per-token logprobs and weight versions, the KV slot
+it holds, its sampler) and :func:`stop_reason`. Touched only by the engine's loop thread.
+
+Imports: torch, relayrl.engine.types.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relayrl.engine.types import FinishReason, SamplingParams
+
+
+@dataclass
+class Sequence:
+    """Engine-side state of one request."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
+    generator: torch.Generator | None
+    stop_ids: set[int]
+    submitted_at: float
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    row: int = -1  # KV slot while running
+    kv_len: int = 0  # tokens whose keys/values are in the slot
+    retracted: bool = False  # its next prefill recomputes KV it had (counted in the stats)
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def append(self, token: int, logprob: float, version: int, now: float) -> None:
+        """Record one sampled token with its logprob and the weight version behind it."""
+        self.output_ids.append(token)
+        self.output_logprobs.append(logprob)
+        self.output_versions.append(version)
+        self.first_token_at = self.first_token_at or now
+
+
+def stop_reason(seq: Sequence, token: int, tokenizer) -> tuple[FinishReason | None, Any]:
+    """Why ``seq`` stops after sampling ``token`` (and the stop token or string), if it does."""
+    if token in seq.stop_ids:
+        return "stop", token
+    if seq.params.stop:
+        window = max(len(s) for s in seq.params.stop) + 2
+        tail = tokenizer.decode(seq.output_ids[-window:])
+        for s in seq.params.stop:
+            if s in tail:
+                return "stop", s
+    if len(seq.output_ids) >= seq.params.max_new_tokens:
+        return "length", None
+    return None, None

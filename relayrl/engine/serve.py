@@ -1,0 +1,55 @@
+"""Run one built-in rollout server in the foreground: :func:`serve_main`.
+
+Owns: :class:`ServeOptions` (what a server process needs: model directory, bind address,
+API key, torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
+the one entry point that both ``relayrl serve`` (from its argv) and the run launcher (from a
+JSON copy of the options, :meth:`ServeOptions.to_json`) call; neither goes through the other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from relayrl.engine.types import EngineOptions
+from relayrl.errors import RelayError
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    threads: int = 1
+    access_log: bool = False
+    engine: EngineOptions = field(default_factory=EngineOptions)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeOptions:
+        data = json.loads(text)
+        return cls(**{**data, "engine": EngineOptions(**data.get("engine", {}))})
+
+
+def serve_main(options: ServeOptions) -> int:
+    """Load ``options.model`` into an :class:`Engine` and serve it until interrupted."""
+    from relayrl.engine.server import check_bind
+
+    check_bind(options.host, options.api_key)  # before loading anything
+    if options.threads < 1:
+        raise RelayError("--threads must be >= 1")
+    import torch
+
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.server import serve
+
+    torch.set_num_threads(options.threads)
+    engine = Engine.from_pretrained(options.model, options.engine)
+    try:
+        serve(engine, options.host, options.port, options.api_key, access_log=options.access_log)
+    finally:
+        engine.shutdown()
+    return 0

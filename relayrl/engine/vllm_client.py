@@ -1,0 +1,188 @@
+"""The rollout client over vLLM's RL endpoints (vLLM 0.32 OpenAI server in dev mode).
+
+Owns: :class:`VLLMClient`, the :class:`RolloutClient` of ``rollout.engine=vllm``. Routing,
+retries, resubmission after aborts and failover are the base class's; this class speaks
+vLLM's wire protocol instead of the SGLang-style one:
+
+* generation: ``POST /inference/v1/generate`` (token ids in, token ids out; no
+  re-tokenisation), ``logprobs=0`` so each sampled token's logprob comes back; the server runs
+  with ``--logprobs-mode processed_logprobs``, i.e. ``log_softmax(logits / T)`` after the
+  temperature (and top-k/top-p, which relayrl leaves off for exact RL), what the trainer
+  recomputes. Each choice carries ``weight_versions`` spans ``[start, end)`` of output
+  tokens per weight version; they become the per-token versions. vLLM's initial label
+  ``"default"`` is version 0. No list form: a group's samples are concurrent requests.
+* publication: ``POST /pause?mode=abort|keep``, ``POST /collective_rpc`` with
+  ``relayrl_load_weights`` (relayrl's worker extension, ``relayrl_vllm_ext``: vLLM's
+  ``reload_weights`` plus a rebuild of the CPU GEMM handles a tied LM head keeps),
+  ``POST /update_weight_version``, ``POST /resume``. The version is set while paused, so every
+  token sampled after the resume carries the new version and none before it does.
+  ``abort``: running requests come back with ``finish_reason="abort"`` and their partial
+  output and are resubmitted (prefilled again under the new weights); ``keep``
+  (``train.publish_mode=inflight``): they stay in the engine with their KV and continue under
+  the new weights, their spans recording where the version changed.
+
+Imports: relayrl.engine.client, relayrl.engine.types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from relayrl.engine.client import (
+    Generation,
+    RolloutClient,
+    RolloutServerError,
+    _params_dict,
+)
+from relayrl.engine.types import SamplingParams
+
+LOAD_METHOD = "relayrl_load_weights"
+# vLLM's pause modes for the built-in engine's: abort-and-resubmit, or keep running requests
+PAUSE_MODES = {"abort": "abort", "retract": "abort", "in_place": "keep", "keep": "keep"}
+MISSING_LOGPROB = -9999.0  # vLLM's sentinel for a token absent from its logprob map
+
+
+def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
+    """relayrl's sampling parameters as vLLM's ``SamplingParams`` fields."""
+    if params.get("stop"):
+        raise ValueError("stop strings are not supported by the vLLM backend (token ids only)")
+    out: dict[str, Any] = {
+        "max_tokens": int(params.get("max_new_tokens", 128)),
+        "temperature": float(params.get("temperature", 1.0)),
+        "top_p": float(params.get("top_p", 1.0)),
+        "top_k": int(params.get("top_k", -1)),
+        "logprobs": 0,
+        "ignore_eos": bool(params.get("ignore_eos", False)),
+        "skip_special_tokens": False,
+    }
+    if params.get("seed") is not None:
+        out["seed"] = int(params["seed"])
+    if params.get("stop_token_ids"):
+        out["stop_token_ids"] = [int(t) for t in params["stop_token_ids"]]
+    return out
+
+
+def span_versions(spans: list[dict[str, Any]] | None, n: int, url: str) -> list[int]:
+    """Per-token versions from vLLM's ``weight_versions`` spans over ``n`` output tokens."""
+    if n == 0:
+        return []
+    if not spans:
+        raise RolloutServerError(url, f"no weight_versions for {n} output tokens")
+    versions: list[int] = []
+    for span in spans:
+        label = str(span["version"])
+        if int(span["start"]) != len(versions):
+            raise RolloutServerError(url, f"weight_versions spans not contiguous: {spans}")
+        version = 0 if label == "default" else _int_version(label, url)
+        versions += [version] * (int(span["end"]) - int(span["start"]))
+    if len(versions) != n:
+        raise RolloutServerError(url, f"weight_versions cover {len(versions)} of {n} tokens")
+    return versions
+
+
+def _int_version(label: str, url: str) -> int:
+    try:
+        return int(label)
+    except ValueError:
+        raise RolloutServerError(
+            url, f"weight version {label!r} is not an integer (set by someone else?)"
+        ) from None
+
+
+def parse_vllm_generation(url: str, data: dict[str, Any]) -> Generation:
+    """Turn a ``/inference/v1/generate`` answer into a :class:`Generation`."""
+    choice = data["choices"][0]
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = [float(c["logprob"]) for c in content]
+    if len(logprobs) != len(ids) or any(lp <= MISSING_LOGPROB for lp in logprobs):
+        raise RolloutServerError(url, f"logprobs missing for some of {len(ids)} output tokens")
+    usage = data.get("usage") or {}
+    return Generation(
+        output_ids=ids,
+        output_logprobs=logprobs,
+        output_versions=span_versions(choice.get("weight_versions"), len(ids), url),
+        finish_reason=choice.get("finish_reason") or "stop",
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        server=url,
+    )
+
+
+class VLLMClient(RolloutClient):
+    """:class:`RolloutClient` over vLLM servers; see the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._paused_by_us = False
+
+    # ------------------------------------------------------------------ control
+    async def server_info(self) -> list[dict[str, Any]]:
+        """Each server's weight version (vLLM keeps no engine counters of ours)."""
+        return list(
+            await asyncio.gather(*(self._request("GET", u, "/weight_info") for u in self.urls))
+        )
+
+    async def _pause(self, mode: str, urls: list[str] | None = None) -> list[Any]:
+        vllm_mode = PAUSE_MODES.get(mode)
+        if vllm_mode is None:
+            raise ValueError(f"pause mode must be one of {sorted(PAUSE_MODES)}, got {mode!r}")
+        return await self._broadcast(f"/pause?mode={vllm_mode}", urls=urls)
+
+    async def pause(self, mode: str = "abort") -> list[Any]:
+        """Pause every server (``abort``: running requests return aborted and are
+        resubmitted after :meth:`continue_generation`; ``in_place``: they wait, KV kept)."""
+        self._resumed.clear()
+        self._paused_by_us = True
+        return await self._pause(mode)
+
+    async def continue_generation(self) -> list[Any]:
+        try:
+            return await self._broadcast("/resume")
+        finally:
+            self._paused_by_us = False
+            self._resumed.set()
+
+    async def load_and_tag(self, model_path: str, version: int, urls: list[str]) -> None:
+        """On paused servers ``urls``: load ``model_path``, then label new tokens
+        ``version``."""
+        body = {"method": LOAD_METHOD, "kwargs": {"weights_path": str(model_path)}}
+        await self._broadcast("/collective_rpc", body, urls)
+        await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
+
+    async def update_weights(
+        self,
+        model_path: str,
+        version: int | None = None,
+        urls: list[str] | None = None,
+        keep_kv: bool = False,
+    ) -> list[Any]:
+        """Load ``model_path`` as ``version`` on every server (or on ``urls``). Unless this
+        client already paused them, each is paused around the load: ``keep`` with
+        ``keep_kv`` (running requests continue under the new weights), else ``abort``."""
+        targets = list(self.urls if urls is None else urls)
+        tag = 0 if version is None else version
+        if self._paused_by_us:
+            await self.load_and_tag(model_path, tag, targets)
+            return [{"success": True}] * len(targets)
+        await self._pause("keep" if keep_kv else "abort", targets)
+        try:
+            await self.load_and_tag(model_path, tag, targets)
+        finally:
+            await self._broadcast("/resume", urls=targets)
+        return [{"success": True}] * len(targets)
+
+    # ------------------------------------------------------------------ generation
+    GENERATE_PATH = "/inference/v1/generate"
+    BATCHED_GENERATE = False  # no list form: a group's samples are concurrent requests
+
+    def generate_body(
+        self, input_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "token_ids": [int(t) for t in input_ids],
+            "sampling_params": vllm_sampling_params(_params_dict(sampling_params)),
+        }
+
+    def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
+        return parse_vllm_generation(url, data)

