@@ -19,10 +19,11 @@ step's groups of trajectories) before running it itself, so every rank runs the 
 Failure: a collective that fails on rank 0 (a rank died: gloo reports the closed connection)
 is turned into one error naming the dead rank and how it ended; rank 0 then stops the job and
 the other ranks, as for any error (``--resume`` continues from the last checkpoint). A worker
-whose rank 0 dies gets SIGTERM (parent-death signal) or a failed collective, and exits.
+whose rank 0 dies gets SIGKILL (parent-death signal) or a failed collective, and exits;
+workers ignore SIGINT/SIGTERM, so Ctrl-C stops the job through rank 0, with a checkpoint.
 
 Imports: torch.distributed, relayrl.config, relayrl.models.loading, relayrl.train.fsdp,
-relayrl.launch.servers (free_port, die_with_parent), relayrl.errors.
+relayrl.launch.servers (free_port), relayrl.errors.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ COMMANDS = frozenset(
     {"train_step", "save_weights", "full_state_dict", "save_shards", "restore_checkpoint"}
 )
 STOP = "stop"
+PR_SET_PDEATHSIG = 1
 
 
 # --------------------------------------------------------------------------- checks
@@ -362,13 +364,29 @@ def run_torchrun_worker(config: Any) -> bool:
     return True
 
 
+def _follow_rank0(parent: int) -> None:
+    """A worker started by rank 0 leaves stopping to rank 0: Ctrl-C (SIGINT to the whole
+    process group) and SIGTERM are ignored, so rank 0 can finish the step and write its
+    checkpoint with every rank; rank 0's death kills it (parent-death SIGKILL, set by the
+    worker itself; rank 0 forks workers from its main thread, which lives as long as it)."""
+    if not parent:
+        return  # torchrun's agent owns the signals of its workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # rank 0 died before the signal was set
+        os._exit(1)
+
+
 def worker_main() -> None:
     """A worker rank: join the group, build the rank's trainer from rank 0's setup message,
     then run rank 0's commands until told to stop. Exits 1 on any error (logged)."""
     from relayrl.config.schema import RunConfig
-    from relayrl.launch.servers import die_with_parent
 
-    die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
+    _follow_rank0(int(os.environ.get(PARENT_ENV, "0")))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank = int(os.environ["RANK"])
     backend = os.environ.get(BACKEND_ENV, "gloo")

@@ -31,6 +31,7 @@ Imports: torch, torch.distributed (FSDP2, DCP), relayrl.algo.microbatch, relayrl
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,9 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     (FSDP2 ranks or one plain process): DCP re-shards to the current layout."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(directory))
+    with warnings.catch_warnings():  # one process, no group: loading in-process is meant
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory))
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )

@@ -185,14 +185,11 @@ def test_unknown_backend_is_one_error_line(capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "train.backend" in err[0]
 
 
-def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_model_dir):
-    """`relayrl train` at world size 2: SIGKILL rank 1 after a checkpoint → one error line
-    naming it; `--resume` (at world size 1: re-sharding) trains every group exactly once."""
-    run, steps = tmp_path / "run", 5
-    overrides = [
+def cli_overrides(tmp_path: Path, model_dir: Path, steps: int) -> list[str]:
+    return [
         f"output_dir={tmp_path}",
         "name=run",
-        f"model.path={tiny_model_dir}",
+        f"model.path={model_dir}",
         "model.max_context=128",
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
@@ -208,7 +205,28 @@ def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_mo
         "train.trainer_threads=1",
         "runtime.threads=1",
     ]
-    cli = [sys.executable, "-m", "relayrl.cli", "train"]
+
+
+CLI = [sys.executable, "-m", "relayrl.cli", "train"]
+
+
+def wait_for_checkpoint(run: Path, step: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 180
+    while not (run / "checkpoints" / f"step-{step:06d}").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+
+
+def worker_pid(run: Path) -> int:
+    return int((run / "trainer-rank1.log").read_text().split("pid ")[1].split(")")[0])
+
+
+def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_model_dir):
+    """`relayrl train` at world size 2: SIGKILL rank 1 after a checkpoint → one error line
+    naming it; `--resume` (at world size 1: re-sharding) trains every group exactly once."""
+    run, steps = tmp_path / "run", 5
+    overrides = cli_overrides(tmp_path, tiny_model_dir, steps)
+    cli = CLI
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     config = str(ROOT / "configs" / "async.yaml")
     proc = subprocess.Popen(
@@ -219,12 +237,8 @@ def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_mo
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 180
-    while not (run / "checkpoints" / "step-000002").is_dir():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
-        time.sleep(0.05)
-    log = (run / "trainer-rank1.log").read_text()
-    pid = int(log.split("pid ")[1].split(")")[0])
+    wait_for_checkpoint(run, 2, proc)
+    pid = worker_pid(run)
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -246,3 +260,32 @@ def test_relayrl_train_with_a_killed_rank_resumes_without_loss(tmp_path, tiny_mo
     keys = [(r["group_id"], r["sample_index"]) for r in samples]
     assert len(keys) == len(set(keys)) == steps * 2 * 2  # every sample once, none lost
     assert [r["step"] for r in samples] == sorted(r["step"] for r in samples)
+
+
+def test_ctrl_c_to_the_process_group_checkpoints_with_every_rank(tmp_path, tiny_model_dir):
+    """SIGINT to rank 0 and its worker at once (a terminal's Ctrl-C): the worker leaves the
+    stop to rank 0, which finishes the step and writes a sharded checkpoint; exit 130."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*CLI, str(ROOT / "configs" / "async.yaml"), *cli_overrides(tmp_path, tiny_model_dir, 400)]
+        + ["train.world_size=2", "train.checkpoint_every=2"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    wait_for_checkpoint(run, 2, proc)
+    pid = worker_pid(run)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    stopped = int(out.split("stopped after step ")[1].split(";")[0])
+    ckpt = run / "checkpoints" / f"step-{stopped:06d}"
+    manifest = json.loads((ckpt / "manifest.json").read_text())["files"]
+    assert {"shards/__0_0.distcp", "shards/__1_0.distcp"} <= set(manifest)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
