@@ -4,7 +4,8 @@ checkpoint (its saved config.yaml plus the overrides; docs/reliability.md).
 
 ``relayrl train --replay-from RUN_DIR CONFIG [KEY=VALUE ...]`` trains instead on the
 trajectories a run recorded with ``train.dump_trajectories=true`` (no rollout server, no
-grading). Prints the run directory, the held-out pass@1 and, as the last line,
+grading). Prints the run directory, ``train_seconds= steps= staleness_mean= staleness_max=``
+(the realised staleness of the trained samples over the run) and, as the last line,
 ``final_pass@1=0.xx``.
 """
 
@@ -86,7 +87,26 @@ def run(args: argparse.Namespace) -> int:
 
         result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
-    print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
-    if result.final_pass_at_1 is not None:
-        print(f"final_pass@1={result.final_pass_at_1:.2f}")
+    print_result_lines(result)
     return 0
+
+
+def result_lines(result) -> list[str]:
+    """The closing lines of `relayrl train` / `relayrl demo`: time, steps and the realised
+    staleness of the trained samples (mean and max over the run, from its metrics), then
+    ``final_pass@1=0.xx`` last."""
+    line = f"train_seconds={result.seconds:.1f} steps={result.steps}"
+    if "staleness_mean" in result.summary:
+        line += (
+            f" staleness_mean={result.summary['staleness_mean']:.2f}"
+            f" staleness_max={result.summary['staleness_max']:.0f}"
+        )
+    lines = [line]
+    if result.final_pass_at_1 is not None:
+        lines.append(f"final_pass@1={result.final_pass_at_1:.2f}")
+    return lines
+
+
+def print_result_lines(result) -> None:
+    for line in result_lines(result):
+        print(line)

@@ -35,7 +35,7 @@ from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.dashboard import Dashboard
 from relayrl.train.loggers import check_loggers
-from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.metrics import RunLogger, batch_metrics, realised_staleness
 from relayrl.train.rl import TrainResult, eval_metrics
 from relayrl.train.trainer import RLTrainer
 
@@ -241,5 +241,6 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
         replay.tokenizer.save_pretrained(out)
     summary = {"replay_from": str(source), "steps": len(steps)}
     summary["final_pass@1"] = final["eval_pass@1"] if final else None
+    summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     return TrainResult(run_dir, len(steps), summary["final_pass@1"], replay.evals, seconds, summary)

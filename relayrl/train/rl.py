@@ -50,7 +50,7 @@ from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.dashboard import Dashboard
 from relayrl.train.loggers import check_loggers
-from relayrl.train.metrics import RunLogger, batch_metrics
+from relayrl.train.metrics import RunLogger, batch_metrics, realised_staleness
 from relayrl.train.resume import (
     RunCheckpoints,
     StopRequested,
@@ -466,6 +466,7 @@ def run_train(
         job.trainer.model.save_pretrained(out)
         job.tokenizer.save_pretrained(out)
     result.summary["final_pass@1"] = result.final_pass_at_1
+    result.summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     with contextlib.suppress(OSError):
         (run_dir / "train_summary.json").write_text(json.dumps(result.summary, indent=2))
     return result
