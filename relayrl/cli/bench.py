@@ -8,10 +8,15 @@ import argparse
 
 from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 
-HELP = "run a benchmark (engine, ...)"
+HELP = "run a benchmark (engine, async, trl, demo)"
 
 # benchmark name -> module under relayrl.bench
-BENCHMARKS: dict[str, str] = {"engine": "engine", "async": "async_rl", "trl": "trl"}
+BENCHMARKS: dict[str, str] = {
+    "engine": "engine",
+    "async": "async_rl",
+    "trl": "trl",
+    "demo": "demo",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
