@@ -8,7 +8,7 @@ import argparse
 
 from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 
-HELP = "run a benchmark (engine, ...)"
+HELP = "run a benchmark (engine, async, trl, demo)"
 
 # benchmark name -> module under relayrl.bench
 BENCHMARKS: dict[str, str] = {
@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "trl": "trl",
     "http": "http",
     "trainer": "trainer",
+    "demo": "demo",
 }
 
 

@@ -30,6 +30,5 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(result.run_dir)
     print(f"run directory: {result.run_dir}")
     print(f"report: {report.html_path}")
-    print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
-    print(f"final_pass@1={result.final_pass_at_1:.2f}")
+    train.print_result_lines(result)
     return 0

@@ -5,7 +5,10 @@ checkpoint (its saved config.yaml plus the overrides; docs/reliability.md).
 ``relayrl train --replay-from RUN_DIR CONFIG [KEY=VALUE ...]`` trains instead on the
 trajectories a run recorded with ``train.dump_trajectories=true`` (no rollout server, no
 grading). Under ``torchrun --nproc-per-node N`` (with ``train.world_size=N``) rank 0 runs
-the job and the other ranks only train (``relayrl.train.distributed``). Prints the run directory, the held-out pass@1 and, as the last line,
+the job and the other ranks only train (``relayrl.train.distributed``). Prints the run
+directory, ``train_seconds= steps= staleness_mean= staleness_max=`` (the realised staleness
+of the trained samples over the run), the publication count and latency and, as the last
+line,
 ``final_pass@1=0.xx``.
 """
 
@@ -91,13 +94,32 @@ def run(args: argparse.Namespace) -> int:
 
         result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
-    print(f"train_seconds={result.seconds:.1f} steps={result.steps}")
+    print_result_lines(result)
+    return 0
+
+
+def result_lines(result) -> list[str]:
+    """The closing lines of `relayrl train` / `relayrl demo`: time, steps and the realised
+    staleness of the trained samples (mean and max over the run, from its metrics), then
+    ``final_pass@1=0.xx`` last."""
+    line = f"train_seconds={result.seconds:.1f} steps={result.steps}"
+    if "staleness_mean" in result.summary:
+        line += (
+            f" staleness_mean={result.summary['staleness_mean']:.2f}"
+            f" staleness_max={result.summary['staleness_max']:.0f}"
+        )
+    lines = [line]
     if result.summary.get("publications"):
-        print(
+        lines.append(
             f"publications={result.summary['publications']} "
             f"publish_latency_mean_s={result.summary['publish_latency_mean_s']:.3f} "
             f"(rollout.engine={result.summary['rollout_engine']})"
         )
     if result.final_pass_at_1 is not None:
-        print(f"final_pass@1={result.final_pass_at_1:.2f}")
-    return 0
+        lines.append(f"final_pass@1={result.final_pass_at_1:.2f}")
+    return lines
+
+
+def print_result_lines(result) -> None:
+    for line in result_lines(result):
+        print(line)

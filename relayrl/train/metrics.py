@@ -3,7 +3,7 @@
 sinks of ``train.loggers`` (TensorBoard, W&B, MLflow).
 
 Owns: :class:`RunLogger`, :func:`sample_record`, :func:`batch_metrics` (reward, pass rate,
-lengths, versions of a batch). Imports: the config schema, the Trajectory record, the
+lengths, versions of a batch), :func:`realised_staleness` (a run's staleness from its log). Imports: the config schema, the Trajectory record, the
 sinks of ``relayrl.train.loggers`` and the standard library.
 """
 
@@ -73,6 +73,23 @@ def sample_record(
     if dump:
         record["trajectory"] = t.to_dict()
     return record
+
+
+def realised_staleness(metrics_path: Path) -> dict[str, float]:
+    """``staleness_mean`` and ``staleness_max`` of a run's trained samples, from the
+    per-step rows of its ``metrics.jsonl`` (every step of a resumed run included). Each step
+    trains the same number of fresh samples (B complete groups of n), so the run's mean is
+    the mean of the step means. Empty when no step was logged."""
+    means, maxima = [], []
+    if metrics_path.is_file():
+        for line in metrics_path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "staleness_mean" in row:
+                means.append(float(row["staleness_mean"]))
+                maxima.append(float(row["staleness_max"]))
+    if not means:
+        return {}
+    return {"staleness_mean": sum(means) / len(means), "staleness_max": max(maxima)}
 
 
 class RunLogger:

@@ -57,7 +57,7 @@ from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.distributed import TrainerGroup, check_trainer_ranks, make_trainer
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
-from relayrl.train.metrics import RunLogger
+from relayrl.train.metrics import RunLogger, realised_staleness
 from relayrl.train.resume import (
     RunCheckpoints,
     StopRequested,
@@ -441,6 +441,7 @@ def run_train(
         job.trainer.model.save_pretrained(out)
         job.tokenizer.save_pretrained(out)
     result.summary["final_pass@1"] = result.final_pass_at_1
+    result.summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     with contextlib.suppress(OSError):
         (run_dir / "train_summary.json").write_text(json.dumps(result.summary, indent=2))
     return result
