@@ -24,7 +24,8 @@ from relayrl.config.loader import load_config
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.tasks.registry import make_task
-from relayrl.train.rl import evaluate_model, run_train
+from relayrl.train.loop import evaluate_model
+from relayrl.train.rl import run_train
 from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same skip)
     MAX_MEAN_K3,
     VLLM_PYTHON,
