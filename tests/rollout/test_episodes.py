@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -302,7 +303,10 @@ def test_resume_mid_episode_loses_and_duplicates_no_episode():
         while not policy.calls or ctrl.running_groups == 0:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.015)  # some episodes are now waiting on a tool
-        state = ctrl.state_dict()
+        deadline = time.monotonic() + 10
+        while ctrl.running_groups == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)  # under load all may have finished: wait for new ones
+        state = ctrl.state_dict()  # same tick as the check: the running groups are in it
         await ctrl.stop()
         return trained, state
 

@@ -19,7 +19,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tool_use.yaml"
 EVAL_PROBLEMS = 100
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_rl_over_tool_episodes_beats_the_sft_base(tmp_path):
     config = load_config(
         CONFIG,
