@@ -34,6 +34,18 @@ from relayrl.errors import RelayError
 from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
 
 
+async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str) -> None:
+    """``GET path`` on ``url``; a server that answers it wrongly is named with ``what`` and
+    ``hint``. An unreachable server is re-raised as is (not a question of protocol: the
+    caller names the server)."""
+    try:
+        await client._request("GET", url, path)
+    except RolloutServerError as exc:
+        if exc.unreachable:
+            raise
+        raise RelayError(f"rollout server {url} {what} (GET {path}: {exc}); {hint}") from exc
+
+
 class RolloutBackend(ABC):
     """One kind of rollout server; see the module docstring."""
 
@@ -108,15 +120,13 @@ class BuiltinBackend(RolloutBackend):
         return RolloutClient
 
     async def check_server(self, client: RolloutClient, url: str) -> None:
-        try:
-            await client._request("GET", url, "/get_model_info")
-        except RolloutServerError as exc:
-            if exc.unreachable:  # not a question of protocol: the caller names the server
-                raise
-            raise RelayError(
-                f"rollout server {url} does not answer the built-in engine's API "
-                f"(GET /get_model_info: {exc}); is it `relayrl serve` (rollout.engine=builtin)?"
-            ) from exc
+        await probe(
+            client,
+            url,
+            "/get_model_info",
+            "does not answer the built-in engine's API",
+            "is it `relayrl serve` (rollout.engine=builtin)?",
+        )
 
 
 class VLLMBackend(RolloutBackend):
@@ -160,17 +170,15 @@ class VLLMBackend(RolloutBackend):
         return VLLMClient
 
     async def check_server(self, client: RolloutClient, url: str) -> None:
-        try:
-            await client._request("GET", url, "/is_paused")
-        except RolloutServerError as exc:
-            if exc.unreachable:  # not a question of protocol: the caller names the server
-                raise
-            raise RelayError(
-                f"rollout server {url} does not expose vLLM's RL endpoints (GET /is_paused: "
-                f"{exc}); start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, "
-                "--logprobs-mode processed_logprobs and --worker-extension-cls "
-                "relayrl_vllm_ext.RelayWeightLoader (docs/engine.md)"
-            ) from exc
+        await probe(
+            client,
+            url,
+            "/is_paused",
+            "does not expose vLLM's RL endpoints",
+            "start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, --logprobs-mode "
+            "processed_logprobs and --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
+            "(docs/engine.md)",
+        )
         # a run starts at version 0 (an external server may carry a label from before)
         await client._request("POST", url, "/update_weight_version", {"new_version": "0"})
 

@@ -84,3 +84,19 @@ def recorded_run(tmp_path_factory, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("recorded")
     run_train(rl_config(tmp, tiny_model_dir, *RECORDED_OVERRIDES), grader=parity_grader)
     return tmp / "run"
+
+
+def base_pass_at_1(config, model_dir: Path, num_problems: int) -> float:
+    """Held-out pass@1 of the model in ``model_dir`` on the first ``num_problems`` test
+    problems of ``config``'s task, sampled as ``config.eval`` says (the RL run's baseline)."""
+    from relayrl.models.loading import load_model, load_tokenizer
+    from relayrl.tasks.registry import make_task
+    from relayrl.train.loop import evaluate_model
+
+    problems = make_task(config.task.name, config.task.params).problems(
+        "test", num_problems, config.task.seed
+    )
+    model = load_model(model_dir, "cpu", "float32")
+    return evaluate_model(
+        model, load_tokenizer(model_dir), problems, config.eval, config.seed
+    ).pass_at_1

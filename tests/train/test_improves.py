@@ -7,11 +7,8 @@ import json
 import time
 
 from relayrl.config.loader import load_config
-from relayrl.models.loading import load_model, load_tokenizer
-from relayrl.tasks.registry import make_task
-from relayrl.train.loop import evaluate_model
 from relayrl.train.rl import run_train
-from tests.train.conftest import QUICK_TASK
+from tests.train.conftest import QUICK_TASK, base_pass_at_1
 
 EVAL_PROBLEMS = 150
 
@@ -40,13 +37,7 @@ def test_short_async_run_beats_the_sft_base(tmp_path, sft_model_dir):
             "eval.max_new_tokens=40",
         ],
     )
-    problems = make_task("arithmetic", config.task.params).problems(
-        "test", EVAL_PROBLEMS, config.task.seed
-    )
-    base_model = load_model(sft_model_dir, "cpu", "float32")
-    base = evaluate_model(
-        base_model, load_tokenizer(sft_model_dir), problems, config.eval, config.seed
-    ).pass_at_1
+    base = base_pass_at_1(config, sft_model_dir, EVAL_PROBLEMS)
 
     start = time.monotonic()
     result = run_train(config)

@@ -22,9 +22,6 @@ from pathlib import Path
 
 from relayrl.config.loader import load_config
 from relayrl.launch.supervisor import ServerSupervisor
-from relayrl.models.loading import load_model, load_tokenizer
-from relayrl.tasks.registry import make_task
-from relayrl.train.loop import evaluate_model
 from relayrl.train.rl import run_train
 from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same skip)
     MAX_MEAN_K3,
@@ -32,7 +29,7 @@ from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same
     process_group,
     pytestmark,
 )
-from tests.train.conftest import QUICK_TASK
+from tests.train.conftest import QUICK_TASK, base_pass_at_1
 from tests.train.test_train_failures import children_of
 
 EVAL_PROBLEMS = 150
@@ -100,13 +97,7 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(
             "eval.max_new_tokens=40",
         ],
     )
-    problems = make_task("arithmetic", config.task.params).problems(
-        "test", EVAL_PROBLEMS, config.task.seed
-    )
-    base_model = load_model(sft_model_dir, "cpu", "float32")
-    base = evaluate_model(
-        base_model, load_tokenizer(sft_model_dir), problems, config.eval, config.seed
-    ).pass_at_1
+    base = base_pass_at_1(config, sft_model_dir, EVAL_PROBLEMS)
 
     # publications land at random moments (0-0.3 s late): the bound must hold regardless
     rng, publish = random.Random(0), ServerSupervisor.publish
