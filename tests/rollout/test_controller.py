@@ -83,11 +83,21 @@ def make_controller(servers, options, score, probs=None, generate=None) -> Rollo
     )
 
 
-async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish_every=1):
+async def drive(
+    ctrl,
+    servers,
+    steps: int,
+    eta: int,
+    rng: random.Random,
+    publish_every=1,
+    first_version: int = 0,
+    batches: list | None = None,
+):
     """A fake trainer: take batches, check staleness and the admission bound, 'train',
-    publish on the training loop's own schedule (``publish_interval``)."""
+    publish on the training loop's own schedule (``publish_interval``). Returns the worst
+    staleness trained; each batch is appended to ``batches`` when given."""
     ctrl.start()
-    version, worst = 0, 0
+    version, worst = first_version, 0
     interval = publish_interval(publish_every, eta)
     b = ctrl.opt.prompts_per_step
     try:
@@ -100,6 +110,8 @@ async def drive(ctrl, servers, steps: int, eta: int, rng: random.Random, publish
                     stale = t.staleness(version)
                     assert 0 <= stale <= eta, (stale, eta, t.versions, version)
                     worst = max(worst, stale)
+            if batches is not None:
+                batches.append(batch)
             await asyncio.sleep(rng.expovariate(1 / 0.01))
             version += 1
             if version - ctrl.published_version >= interval:

@@ -15,7 +15,7 @@ import pytest
 
 from relayrl.engine.types import SamplingParams
 from relayrl.rewards.sandbox import SandboxLimits
-from relayrl.rollout.controller import ControllerOptions, RolloutController, admission_capacity
+from relayrl.rollout.controller import ControllerOptions, RolloutController
 from relayrl.rollout.environment import (
     Environment,
     ModelTurn,
@@ -42,7 +42,7 @@ from relayrl.rollout.workflow import (
     per_request,
 )
 from relayrl.tasks.base import Problem
-from relayrl.train.rl import publish_interval
+from tests.rollout.test_controller import drive
 
 
 def encode(text: str) -> list[int]:
@@ -175,27 +175,10 @@ def controller(policy: FakePolicy, probs, eta: int, max_new_tokens: int = 200, *
 
 
 async def train_fake(ctrl, policy, steps: int, eta: int, rng, first_version: int = 0):
-    """A fake trainer: batches in order, the staleness and admission bounds checked at
-    every step, publication on the training loop's schedule. Returns the batches."""
-    ctrl.start()
-    version, batches = first_version, []
-    interval = publish_interval(1, eta)
-    try:
-        for _ in range(steps):
-            batch = await asyncio.wait_for(ctrl.next_batch(), timeout=30)
-            bound = admission_capacity(ctrl.published_version, eta, ctrl.opt.prompts_per_step)
-            assert ctrl.accepted + ctrl.running_groups <= bound
-            for group in batch:
-                for t in group.trajectories:
-                    assert 0 <= t.staleness(version) <= eta, (t.versions, version, eta)
-            batches.append(batch)
-            await asyncio.sleep(rng.expovariate(1 / 0.01))
-            version += 1
-            if version - ctrl.published_version >= interval:
-                policy.version = version
-                ctrl.set_published_version(version)
-    finally:
-        await ctrl.stop()
+    """The controller tests' fake trainer (staleness and admission bounds checked at every
+    step, publication on the training loop's schedule) over episodes. Returns the batches."""
+    batches: list = []
+    await drive(ctrl, policy, steps, eta, rng, 1, first_version, batches)
     return batches
 
 
@@ -303,9 +286,12 @@ def test_resume_mid_episode_loses_and_duplicates_no_episode():
         while not policy.calls or ctrl.running_groups == 0:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.015)  # some episodes are now waiting on a tool
+        if ctrl.running_groups == 0:  # all finished (the bound allows no more): publish
+            policy.version = 1
+            ctrl.set_published_version(1)
         deadline = time.monotonic() + 10
         while ctrl.running_groups == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)  # under load all may have finished: wait for new ones
+            await asyncio.sleep(0.001)
         state = ctrl.state_dict()  # same tick as the check: the running groups are in it
         await ctrl.stop()
         return trained, state
