@@ -270,33 +270,61 @@ def test_the_run_goes_on_through_bad_episodes_and_counts_them():
     assert ctrl.counters["rejected_error"] == 0
 
 
+class Gate:
+    """Holds tool calls while closed, so a test can snapshot episodes that are certainly
+    waiting on a tool (whatever the machine's speed); counts the calls it holds."""
+
+    open, waiting = True, 0
+
+    @classmethod
+    async def calc(cls, expression: str) -> str:
+        cls.waiting += 1
+        try:
+            while not cls.open:
+                await asyncio.sleep(0.001)
+        finally:
+            cls.waiting -= 1
+        return calc_value(expression)
+
+
+@register_environment
+class GatedCalc(ToolEnvironment):
+    name = "test_gated_calc"
+    tools = {"calc": Gate.calc}
+
+
+async def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
 def test_resume_mid_episode_loses_and_duplicates_no_episode():
-    """Checkpoint the controller while episodes are between turns (a tool call running),
+    """Checkpoint the controller while episodes are between turns (a tool call held open),
     stop it (as kill -9 would, after that checkpoint), restore a new one: every admitted
     group is trained exactly once, in admission order, and a regenerated in-flight episode
     is the episode the same seeds give."""
     rng = random.Random(5)
-    probs = problems(60, SlowCalc.name)
+    probs = problems(60, GatedCalc.name)
 
     async def first_part():
         policy = FakePolicy(rng)
         ctrl = controller(policy, probs, eta=2)
         ctrl.start()
         trained = [await ctrl.next_batch() for _ in range(2)]
-        while not policy.calls or ctrl.running_groups == 0:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.015)  # some episodes are now waiting on a tool
-        if ctrl.running_groups == 0:  # all finished (the bound allows no more): publish
-            policy.version = 1
-            ctrl.set_published_version(1)
-        deadline = time.monotonic() + 10
-        while ctrl.running_groups == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
-        state = ctrl.state_dict()  # same tick as the check: the running groups are in it
+        Gate.open = False  # from here on every tool call waits
+        policy.version = 1
+        ctrl.set_published_version(1)  # the bound moves up: new groups are admitted
+        await wait_for(lambda: Gate.waiting > 0, "an episode waiting on its tool")
+        state = ctrl.state_dict()
         await ctrl.stop()
         return trained, state
 
-    trained, state = asyncio.run(first_part())
+    try:
+        trained, state = asyncio.run(first_part())
+    finally:
+        Gate.open = True
     assert any(e["status"] == "running" for e in state["pending"])
     policy = FakePolicy(rng)
     policy.version = 2
