@@ -178,6 +178,37 @@ def engine_trainer_kl(
     return {"engine_trainer_kl_k3": total / count, "engine_trainer_kl_tokens": float(count)}
 
 
+def policy_drift(
+    behav_logprobs: Sequence[Sequence[float]],
+    model_masks: Sequence[Sequence[bool]],
+    before: Sequence[Tensor],
+    after: Sequence[Tensor] | None = None,
+) -> dict[str, float]:
+    """Per-version drift of one training step, measured alike for every loss: k3 means over
+    the step's trained (model) tokens.
+
+    - ``behav_prox_kl_k3`` estimates KL(μ ‖ π_v): ρ = log π_v − log μ, with ``before`` the
+      logprobs under π_v, the weights the step starts from (π_prox);
+    - ``drift_kl_k3`` (with ``after``, the logprobs under π_v+1 once the step is done)
+      estimates KL(π_v ‖ π_v+1): ρ = log π_v+1 − log π_v.
+
+    The tokens are the batch's, sampled from μ: at η = 0 (μ = π_v) both are the textbook
+    estimators; on stale batches ``drift_kl_k3`` is the movement where the batch's tokens lie
+    (no importance weight, so every loss and η is measured the same way). Empty when the
+    step has no model token."""
+    mask = torch.tensor([bool(x) for m in model_masks for x in m], dtype=torch.bool)
+    if not bool(mask.any()):
+        return {}
+    # float64: at η = 0 the k3 terms are ~ρ²/2, far below float32's resolution of ρ
+    behav = torch.tensor([x for b in behav_logprobs for x in b], dtype=torch.float64)[mask]
+    prox = torch.cat([x.detach().double().cpu() for x in before])[mask]
+    out = {"behav_prox_kl_k3": float(kl_estimate(behav, prox, "k3").mean())}
+    if after is not None:
+        new = torch.cat([x.detach().double().cpu() for x in after])[mask]
+        out["drift_kl_k3"] = float(kl_estimate(prox, new, "k3").mean())
+    return out
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax over the last dimension, one value per position."""
     logp = torch.log_softmax(logits.float(), dim=-1)

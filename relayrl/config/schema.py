@@ -190,6 +190,32 @@ class RolloutConfig(Section):
         "model.path): none is launched or restarted; empty = launch rollout.num_servers",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    lag: Literal["async", "fixed", "uniform"] = Field(
+        "async",
+        description="staleness: async = as the machine makes it (rollout servers, bound η); "
+        "fixed / uniform = deterministic lag emulation (docs/async.md): the batch trained at "
+        "version v is generated in this process, on the built-in engine, by exactly the "
+        "weights v − d, d = η (fixed) or d drawn uniformly from {0, …, η} by a function of "
+        "seed and v (uniform), clipped to v at the first steps; keeps the last η + 1 weight "
+        "snapshots in memory; no rollout servers, no checkpoints",
+    )
+
+    @field_validator("lag")
+    @classmethod
+    def _lag_runs_in_process(cls, lag: str, info: ValidationInfo) -> str:
+        if lag == "async":
+            return lag
+        if info.data.get("server_urls"):
+            raise ValueError(
+                f"rollout.lag={lag} generates in this process on the built-in engine; it "
+                "cannot use rollout.server_urls (leave them empty or use rollout.lag=async)"
+            )
+        if info.data.get("engine", "builtin") != "builtin":
+            raise ValueError(
+                f"rollout.lag={lag} generates on the built-in engine; rollout.engine="
+                f"{info.data['engine']} needs rollout.lag=async"
+            )
+        return lag
 
     @field_validator("server_urls")
     @classmethod
@@ -318,6 +344,13 @@ class TrainConfig(Section):
         False,
         description="also write every trained trajectory in full into samples.jsonl (token "
         "ids, behaviour logprobs, versions, reward, advantage) for `relayrl train --replay-from`",
+    )
+    drift_metrics: bool = Field(
+        True,
+        description="log per-version drift on every batch's trained tokens, alike for every "
+        "loss: drift_kl_k3 = KL(π_v ‖ π_v+1) (one more no-grad forward pass over the batch "
+        "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox; losses without "
+        "π_prox, e.g. ppo, pay one more forward before the update); docs/async.md",
     )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
         None,
@@ -485,6 +518,17 @@ class RunConfig(Section):
         "ray = Ray actors placed by a placement group (ray.*, docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("launcher")
+    @classmethod
+    def _lag_needs_no_launcher(cls, launcher: str, info: ValidationInfo) -> str:
+        rollout = info.data.get("rollout")
+        if launcher == "ray" and rollout is not None and rollout.lag != "async":
+            raise ValueError(
+                f"rollout.lag={rollout.lag} starts no rollout server (it generates in this "
+                "process); launcher=ray needs rollout.lag=async"
+            )
+        return launcher
 
     @field_validator("replay")
     @classmethod

@@ -17,7 +17,9 @@ request until it is resumed) and resubmits ``prompt + partial output`` with the 
 token budget. Ids, logprobs and versions are concatenated, so earlier tokens keep their
 logprobs and versions. The continuation's seed is ``continuation_seed(seed, n)`` with ``n``
 the number of tokens already generated: a run is reproducible given the same interruption
-points.
+points. After ``max_resubmits`` resubmissions a request that is still aborted comes back
+with finish_reason "abort" and its partial output; the rollout controller rejects its group
+(``rejected_aborted``) rather than train an incomplete sample.
 
 Failover: with a ``recover`` callback (``async (url) -> url``, see
 ``relayrl.launch.supervisor``), a request whose server cannot be reached (connection refused or

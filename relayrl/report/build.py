@@ -27,6 +27,7 @@ TIME_SPLIT = [
     ("time_wait_s", "waiting for data"),
     ("time_prox_s", "proximal pass"),
     ("time_update_s", "update"),
+    ("time_drift_s", "drift metrics"),
     ("time_sync_s", "weight sync"),
 ]
 

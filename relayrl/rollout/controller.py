@@ -11,8 +11,9 @@ call, each with its own seed, and graded in one call); the prompt order is
 Admission (AReaL): with B prompts per step, published weight version p and bound η, a new
 group is admitted only while ``accepted + running < (p + η + 1)·B`` (and the concurrency
 limit allows). ``accepted`` counts every group that completed and was kept (consumed or
-not); groups rejected by the dynamic-sampling filter or by an error do not count, so their
-replacements are admitted at once. Batches are taken **in admission order**: the group
+not); groups rejected by the dynamic-sampling filter, by an error or because a sample came
+back still aborted (the client gave up resubmitting it) do not count, so their replacements
+are admitted at once. Batches are taken **in admission order**: the group
 admitted with rank r among kept groups is trained at step ⌊r/B⌋ ≤ p + η, and all its tokens
 come from weights ≥ p, so its staleness is at most η whatever the completion order (see
 docs/async.md for the proof and why completion order would not give this).
@@ -74,6 +75,11 @@ def assign_advantages(groups: Sequence[Sequence[Trajectory]], method: str) -> No
     for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
         for traj, adv in zip(group, advantages, strict=True):
             traj.advantage = adv
+
+
+class AbortedSample(RuntimeError):
+    """A sample came back still aborted (the client gave up resubmitting it): its group is
+    rejected (``rejected_aborted``) and replaced, never trained as if complete."""
 
 
 @dataclass
@@ -253,6 +259,13 @@ class RolloutController:
             await self._admit_wake.wait()
 
     def _admit_one(self) -> None:
+        group = self._admit_group()
+        if group is not None:
+            self._launch(group)
+
+    def _admit_group(self) -> Group | None:
+        """Draw the next prompt that fits and admit it as a running group (None: the run
+        failed, most prompts are too long)."""
         while True:
             prompt_index, problem = self.loader.next()
             prompt_ids = self._encode(problem)
@@ -262,7 +275,7 @@ class RolloutController:
             self.counters["skipped_long_prompts"] += 1
             if self.counters["skipped_long_prompts"] > 1000 + self.loader.draws // 2:
                 self.fail(RelayError("most prompts are longer than model.max_context allows"))
-                return
+                return None
         group = Group(
             index=self._next_index,
             prompt_index=prompt_index,
@@ -275,7 +288,7 @@ class RolloutController:
         self._running[group.index] = group
         self._pending.append(group)
         self.counters["admitted_groups"] += 1
-        self._launch(group)
+        return group
 
     def _launch(self, group: Group) -> None:
         task = asyncio.create_task(self._run_group(group), name=group.key)
@@ -288,6 +301,10 @@ class RolloutController:
             samples = await self._generate_and_grade(group)
         except asyncio.CancelledError:
             raise
+        except AbortedSample as exc:  # never trained as if complete
+            self._reject(group, "aborted")
+            self._count_error(exc)
+            return
         except (RelayError, RolloutServerError) as exc:
             if isinstance(exc, RelayError) or exc.status is None:
                 self.fail(exc)  # unreachable server: the run cannot continue
@@ -332,6 +349,12 @@ class RolloutController:
                 f"workflow {self.workflow.name!r} returned {len(samples)} samples for a group "
                 f"of {self.opt.n_samples}"
             )
+        for sample in samples:
+            if sample.trajectory.finish_reason == "abort":
+                raise AbortedSample(
+                    f"group {group.key}: sample {sample.trajectory.sample_index} is still "
+                    f"aborted after {sample.resubmissions} resubmissions"
+                )
         for sample in samples:
             self._count(sample)
         return [(sample.trajectory, sample.text) for sample in samples]
@@ -393,12 +416,33 @@ class RolloutController:
             if self._fatal is not None:
                 raise self._fatal
             if self._head_ready():
-                batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
-                assign_advantages([g.trajectories for g in batch], self.opt.advantage)
-                self.consumed_version += 1
-                self._notify()
-                return batch
+                return self._take_batch()
             await self._batch_wake.wait()
+
+    def _take_batch(self) -> list[Group]:
+        """Hand out the B complete groups at the head, advantages computed over them."""
+        batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
+        assign_advantages([g.trajectories for g in batch], self.opt.advantage)
+        self.consumed_version += 1
+        self._notify()
+        return batch
+
+    async def lagged_batch(self, version: int) -> list[Group]:
+        """Lag emulation (``rollout.lag`` fixed / uniform; do not :meth:`start`): the next
+        batch, generated now by the weights of ``version`` that the caller loaded. Groups are
+        admitted, generated, graded, shaped and filtered as on the asynchronous path
+        (rejected ones replaced), but one at a time, in admission order, so the batch depends
+        on the run's seed and the weights only, never on timing; then handed out as
+        :meth:`next_batch` does."""
+        assert self._admit_task is None, "lag emulation drives the controller without start()"
+        self.published_version = version
+        while not self._head_ready():
+            if self._fatal is not None:
+                raise self._fatal
+            group = self._admit_group()
+            if group is not None:
+                await self._run_group(group)
+        return self._take_batch()
 
     # ------------------------------------------------------------------ reporting
     def take_generated_tokens(self) -> int:

@@ -15,7 +15,9 @@ before them, origin :data:`~relayrl.rollout.trajectory.ORIGIN_ENV`): prefilled, 
 sampled, never trained. Budgets: ``max_turns`` model turns, and the episode's tokens after
 the prompt (model + environment) within the request's ``max_new_tokens``; an episode over
 either ends with reward 0 and status ``turn_budget`` / ``token_budget``. An environment that
-raises ends its episode with reward 0 and status ``env_error``; the run goes on.
+raises ends its episode with reward 0 and status ``env_error``; the run goes on. A turn that
+comes back still aborted (the client gave up resubmitting it) ends the episode with status
+``aborted`` and finish reason ``abort``: the rollout controller rejects its group.
 
 Imports: the engine's plain types, relayrl.tasks.base, the Trajectory origins, relayrl.registry.
 """
@@ -229,6 +231,8 @@ async def run_episode(
         text = gen.text if getattr(gen, "text", None) is not None else decode(gen.output_ids)
         episode.add_model(gen, text)
         episode.count({"turns": 1})
+        if gen.finish_reason == "abort":  # the client gave up resubmitting: rejected later
+            return episode.end("aborted", 0.0)
         try:
             result = await env.step(ModelTurn(text, list(gen.output_ids), gen.finish_reason))
         except Exception as exc:  # noqa: BLE001 - a broken environment ends its episode only

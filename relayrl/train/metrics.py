@@ -3,7 +3,8 @@
 sinks of ``train.loggers`` (TensorBoard, W&B, MLflow).
 
 Owns: :class:`RunLogger`, :func:`sample_record`, :func:`batch_metrics` (reward, pass rate,
-lengths, versions of a batch), :func:`realised_staleness` (a run's staleness from its log). Imports: the config schema, the Trajectory record, the
+lengths, versions of a batch), :func:`realised_staleness` and :func:`drift_summary` (a run's
+staleness and per-version drift from its log). Imports: the config schema, the Trajectory record, the
 sinks of ``relayrl.train.loggers`` and the standard library.
 """
 
@@ -75,21 +76,44 @@ def sample_record(
     return record
 
 
+# the per-version drift of every step (relayrl.algo.losses.policy_drift), summarised per run
+DRIFT_KEYS = ("drift_kl_k3", "behav_prox_kl_k3")
+
+
+def _step_rows(metrics_path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (empty when it does not exist)."""
+    if not metrics_path.is_file():
+        return []
+    lines = metrics_path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def realised_staleness(metrics_path: Path) -> dict[str, float]:
     """``staleness_mean`` and ``staleness_max`` of a run's trained samples, from the
     per-step rows of its ``metrics.jsonl`` (every step of a resumed run included). Each step
     trains the same number of fresh samples (B complete groups of n), so the run's mean is
     the mean of the step means. Empty when no step was logged."""
-    means, maxima = [], []
-    if metrics_path.is_file():
-        for line in metrics_path.read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
-            if "staleness_mean" in row:
-                means.append(float(row["staleness_mean"]))
-                maxima.append(float(row["staleness_max"]))
-    if not means:
+    rows = [r for r in _step_rows(metrics_path) if "staleness_mean" in r]
+    if not rows:
         return {}
-    return {"staleness_mean": sum(means) / len(means), "staleness_max": max(maxima)}
+    return {
+        "staleness_mean": sum(float(r["staleness_mean"]) for r in rows) / len(rows),
+        "staleness_max": max(float(r["staleness_max"]) for r in rows),
+    }
+
+
+def drift_summary(metrics_path: Path) -> dict[str, float]:
+    """``<key>_mean`` and ``<key>_max`` over a run's steps for each of :data:`DRIFT_KEYS`
+    (per-version drift and behaviour-vs-proximal KL), from its ``metrics.jsonl``; keys no
+    step logged are left out."""
+    rows = _step_rows(metrics_path)
+    out: dict[str, float] = {}
+    for key in DRIFT_KEYS:
+        values = [float(r[key]) for r in rows if key in r and not r.get("final")]
+        if values:
+            out[f"{key}_mean"] = sum(values) / len(values)
+            out[f"{key}_max"] = max(values)
+    return out
 
 
 class RunLogger:

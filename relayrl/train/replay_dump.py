@@ -38,7 +38,7 @@ from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
-from relayrl.train.metrics import RunLogger, realised_staleness
+from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
 from relayrl.train.rl import TrainResult
 from relayrl.train.trainer import RLTrainer
 
@@ -225,5 +225,6 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     summary = {"replay_from": str(source), "steps": len(steps)}
     summary["final_pass@1"] = final["eval_pass@1"] if final else None
     summary.update(realised_staleness(run_dir / "metrics.jsonl"))
+    summary.update(drift_summary(run_dir / "metrics.jsonl"))
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     return TrainResult(run_dir, len(steps), summary["final_pass@1"], replay.evals, seconds, summary)

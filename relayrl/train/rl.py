@@ -51,13 +51,13 @@ from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, RolloutController
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
-from relayrl.rollout.workflow import WORKFLOWS
+from relayrl.rollout.workflow import WORKFLOWS, GenerateFn, GenerateGroupFn
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.distributed import TrainerGroup, check_trainer_ranks, make_trainer
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
-from relayrl.train.metrics import RunLogger, realised_staleness
+from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
 from relayrl.train.resume import (
     RunCheckpoints,
     StopRequested,
@@ -218,6 +218,23 @@ class _Job:
         self.publish_total_s = 0.0
 
     # ------------------------------------------------------------------ pieces
+    def make_controller(
+        self, generate_group: GenerateGroupFn, generate: GenerateFn
+    ) -> RolloutController:
+        """The run's rollout controller over these generate functions (a group's samples
+        in one call; one request), grading in the pool."""
+        return RolloutController(
+            self.loader,
+            ControllerOptions.from_config(self.config),
+            generate_group,
+            lambda problem, texts: self.pool.score_batch([(problem, t) for t in texts]),
+            self.encode,
+            self.decode,
+            workflow=WORKFLOWS.lookup(self.config.rollout.workflow)(),
+            generate=generate,
+            encode_text=self.encode_text,
+        )
+
     async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
         """Snapshot the trainer's weights and load them into the servers in the background
         (after the previous publication, so versions arrive in order); returns the seconds
@@ -303,18 +320,11 @@ class _Job:
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
         )
-        self.controller = controller = RolloutController(
-            self.loader,
-            ControllerOptions.from_config(cfg),
+        self.controller = controller = self.make_controller(
             # one HTTP exchange per group (its n samples as one batched /generate)
             lambda ids, params, key: client.generate_many([ids] * len(params), params, key=key),
-            lambda problem, texts: self.pool.score_batch([(problem, t) for t in texts]),
-            self.encode,
-            self.decode,
-            workflow=WORKFLOWS.lookup(cfg.rollout.workflow)(),
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
-            generate=lambda ids, params, key: client.generate(ids, params, key=key),
-            encode_text=self.encode_text,
+            lambda ids, params, key: client.generate(ids, params, key=key),
         )
         first = await self._resume(controller)
         controller.start()
@@ -340,21 +350,32 @@ class _Job:
             await self._finish_publication()
             await controller.stop()
             await client.close()
-        summary = {
-            "controller": controller.stats(),
-            "grading": self.pool.stats(),
-            "rollout_engine": cfg.rollout.engine,
-            "publications": self.publications,
-            "publish_latency_mean_s": self.publish_total_s / max(self.publications, 1),
-        }
+        return self.result(
+            final,
+            time.perf_counter() - start,
+            rollout_engine=cfg.rollout.engine,
+            publications=self.publications,
+            publish_latency_mean_s=self.publish_total_s / max(self.publications, 1),
+        )
+
+    def result(self, final: dict[str, Any] | None, seconds: float, **summary: Any) -> TrainResult:
+        """The run's result: its final evaluation, the controller's and graders' counters
+        and ``summary``."""
         return TrainResult(
             self.run_dir,
-            cfg.train.total_steps,
+            self.config.train.total_steps,
             final["eval_pass@1"] if final else None,
             self.training.evals,
-            time.perf_counter() - start,
-            summary,
+            seconds,
+            {"controller": self.controller.stats(), "grading": self.pool.stats(), **summary},
         )
+
+    def rollout_counters(self) -> dict[str, Any]:
+        """The controller's and graders' counters, for a step's metrics row."""
+        return {
+            **self.controller.stats(),
+            **{f"grading_{k}": v for k, v in self.pool.stats().items()},
+        }
 
     # ------------------------------------------------------------------ BatchSource
     async def next_batch(self) -> list[list[Trajectory]]:
@@ -371,8 +392,7 @@ class _Job:
         if not last_step and trainer_version - self.controller.published_version >= self.interval:
             t_sync = await self._publish(self.controller)
         metrics: dict[str, Any] = {"time_sync_s": t_sync, "publish_latency_s": self.publish_seconds}
-        metrics.update(self.controller.stats())
-        metrics.update({f"grading_{k}": v for k, v in self.pool.stats().items()})
+        metrics.update(self.rollout_counters())
         return metrics
 
     def step_metrics(self, step_seconds: float) -> dict[str, Any]:
@@ -409,6 +429,12 @@ def run_train(
         config = config.model_copy(
             update={"train": config.train.model_copy(update={"progress": progress})}
         )
+    lagged = config.rollout.lag != "async"  # lag emulation: no rollout server (train/lag.py)
+    if lagged and resume:
+        raise RelayError(
+            f"rollout.lag={config.rollout.lag} runs cannot be resumed: the weight snapshots "
+            "they generate from are kept in memory only; start the run again"
+        )
     torch.set_num_threads(config.runtime.threads)
     model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
     torch.set_num_threads(config.train.trainer_threads)
@@ -419,7 +445,7 @@ def run_train(
     check_loggers(config)  # and on a logger whose package is missing
     check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)
-    launcher = backend.launcher(run_dir)  # checks the backend's environment first
+    launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
     pool = GradingPool(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
@@ -427,12 +453,19 @@ def run_train(
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(config.train.switch_interval_ms / 1000)
     try:
-        urls = launcher.start()
-        job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint, backend)
-        result = asyncio.run(job.loop(urls))
+        if launcher is None:
+            from relayrl.train.lag import LaggedJob
+
+            job = LaggedJob(config, run_dir, model_dir, None, pool, checkpoint, backend)
+            result = asyncio.run(job.loop([]))
+        else:
+            urls = launcher.start()
+            job = _Job(config, run_dir, model_dir, launcher, pool, checkpoint, backend)
+            result = asyncio.run(job.loop(urls))
     finally:
         sys.setswitchinterval(switch_interval)
-        launcher.stop()
+        if launcher is not None:
+            launcher.stop()
         pool.close()
         if job is not None:
             job.close()
@@ -442,6 +475,7 @@ def run_train(
         job.tokenizer.save_pretrained(out)
     result.summary["final_pass@1"] = result.final_pass_at_1
     result.summary.update(realised_staleness(run_dir / "metrics.jsonl"))
+    result.summary.update(drift_summary(run_dir / "metrics.jsonl"))
     with contextlib.suppress(OSError):
         (run_dir / "train_summary.json").write_text(json.dumps(result.summary, indent=2))
     return result

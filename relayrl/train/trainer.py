@@ -10,7 +10,10 @@ batch): assert every trajectory's staleness ≤ η → pack sequences into micro
 the behaviour-vs-proximal statistics) → for each PPO mini-batch (``optim.ppo_minibatches``
 contiguous slices of the groups, ``optim.ppo_epochs`` passes; one by default): per
 micro-batch ``policy_loss`` with the mini-batch's normaliser, backward → clip → AdamW step;
-then version + 1 (one version per batch, whatever the number of AdamW steps). Logprobs are
+then version + 1 (one version per batch, whatever the number of AdamW steps). With
+``train.drift_metrics`` a no-grad pass after the update gives the per-version drift
+``drift_kl_k3`` = KL(π_v ‖ π_v+1) and ``behav_prox_kl_k3`` = KL(μ ‖ π_v) on the batch's tokens
+(``relayrl.algo.losses.policy_drift``; a loss without π_prox pays one more pass before). Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
 With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
@@ -46,6 +49,7 @@ from relayrl.algo.losses import (
     entropy_from_logits,
     loss_class,
     loss_normalizer,
+    policy_drift,
     policy_loss,
 )
 from relayrl.algo.microbatch import pack_micro_batches
@@ -275,6 +279,10 @@ class RLTrainer:
         t1 = time.perf_counter()
         behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
         extra.update(engine_trainer_kl(behav, vers, prox, self.version))
+        before = prox
+        if self.cfg.train.drift_metrics and before is None:  # a loss without π_prox
+            before = self.traj_logprobs(self.model, trajs, whole)
+        t_before = time.perf_counter() - t1
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
             parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
         total_tokens = sum(len(t.completion_ids) for t in trajs)
@@ -296,6 +304,10 @@ class RLTrainer:
         self.version += 1
         if self.replay is not None:
             self.replay.finish(batch, self.version, self.model)
+        t2 = time.perf_counter()
+        if self.cfg.train.drift_metrics:
+            after = self.traj_logprobs(self.model, trajs, whole)
+            extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
         stats = combine_update_stats(updates)
         stats.update(extra)
         stats.update(
@@ -306,7 +318,8 @@ class RLTrainer:
             staleness_mean=sum(stale) / len(stale),
             staleness_max=float(max(stale)),
             time_prox_s=t1 - t0,
-            time_update_s=time.perf_counter() - t1,
+            time_update_s=t2 - t1 - t_before,
+            time_drift_s=t_before + time.perf_counter() - t2,
         )
         return stats
 
