@@ -394,3 +394,25 @@ def test_engine_trainer_kl_uses_only_tokens_of_the_current_version():
     assert out["engine_trainer_kl_k3"] == pytest.approx(expected, rel=1e-5)
     assert engine_trainer_kl(behav, versions, prox, version=9) == {}
     assert engine_trainer_kl(behav, versions, None, version=4) == {}
+
+
+def test_policy_drift_k3_by_hand():
+    """Two sequences; the environment token (mask False) is left out of both means."""
+    import math
+
+    from relayrl.algo.losses import policy_drift
+
+    behav = [[math.log(0.4), 0.0], [math.log(0.5)]]
+    masks = [[True, False], [True]]
+    before = [torch.tensor([math.log(0.5), -3.0]), torch.tensor([math.log(0.25)])]
+    after = [torch.tensor([math.log(0.4), 7.0]), torch.tensor([math.log(0.5)])]
+    out = policy_drift(behav, masks, before, after)
+    # drift, KL(π_v ‖ π_v+1): r = π_v+1/π_v = 0.8 and 2.0, k3 = r − 1 − log r
+    drift = ((0.8 - 1 - math.log(0.8)) + (2.0 - 1 - math.log(2.0))) / 2
+    assert out["drift_kl_k3"] == pytest.approx(drift, rel=1e-6)  # logprobs given in float32
+    assert drift == pytest.approx(0.164998, abs=1e-6)
+    # behaviour vs proximal, KL(μ ‖ π_v): r = π_v/μ = 1.25 and 0.5
+    behav_prox = ((1.25 - 1 - math.log(1.25)) + (0.5 - 1 - math.log(0.5))) / 2
+    assert out["behav_prox_kl_k3"] == pytest.approx(behav_prox, rel=1e-6)
+    assert set(policy_drift(behav, masks, before)) == {"behav_prox_kl_k3"}
+    assert policy_drift([[0.0]], [[False]], [torch.zeros(1)], [torch.zeros(1)]) == {}

@@ -282,3 +282,23 @@ def test_prompt_loader_is_seeded_and_resumable():
     c.load_state_dict(state)
     assert [c.next() for _ in range(9)] == [a.next() for _ in range(9)]
     assert sorted(first[:7]) == sorted(p.id for p in problems(7))  # each epoch is a permutation
+
+
+def test_sample_still_aborted_rejects_its_group_and_is_never_trained():
+    """The client gives up resubmitting after ``max_resubmits`` and returns the partial
+    output with finish_reason 'abort': the group is rejected, counted and replaced."""
+    servers = FakeServers(random.Random(4))
+
+    async def gives_up_once(ids, params, key):
+        out = await servers.generate(ids, params, key)
+        if key == "g0" and params.seed == request_seed(0, 0, 1):
+            out.finish_reason, out.resubmissions = "abort", 32
+        return out
+
+    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=gives_up_once)
+    batch = one_batch(ctrl)
+    assert [g.key for g in batch] == ["g1", "g2"]
+    assert all(t.finish_reason != "abort" for g in batch for t in g.trajectories)
+    assert ctrl.counters["rejected_aborted"] == 1
+    assert ctrl.accepted == 2
