@@ -117,10 +117,11 @@ def test_read_run_curve_wall_time_and_replay_share(tmp_path):
     rows = [
         {"step": 0, "version": 0, "eval_pass@1": 0.25, "eval_problems": 8, "time_eval_s": 3},
         {"step": 1, "train_tokens": 5, "step_time_s": 2.0, "staleness_mean": 1.0,
-         "replay_fresh": 16, "replay_replayed": 0},
+         "replay_fresh": 16, "replay_replayed": 0, "drift_kl_k3": 0.01,
+         "behav_prox_kl_k3": 0.0},
         {"step": 2, "train_tokens": 5, "step_time_s": 7.0, "staleness_mean": 2.0,
          "replay_fresh": 16, "replay_replayed": 8, "eval_pass@1": 0.5, "eval_problems": 8,
-         "time_eval_s": 4.0},
+         "time_eval_s": 4.0, "drift_kl_k3": 0.03, "behav_prox_kl_k3": 0.5},
         {"step": 2, "final": True, "eval_pass@1": 0.375, "eval_problems": 16},
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -130,6 +131,7 @@ def test_read_run_curve_wall_time_and_replay_share(tmp_path):
     assert r.train_seconds == pytest.approx(2.0 + 3.0)  # evaluation time excluded
     assert r.staleness_mean == pytest.approx(1.5)
     assert r.replayed_frac == pytest.approx(8 / 40)
+    assert (r.drift_kl, r.behav_prox_kl) == pytest.approx((0.02, 0.25))
     (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     with pytest.raises(Exception, match="no finished run"):
         grid.read_run(tmp_path, plan.Cell("darl", 4, 0), 16)
@@ -206,3 +208,22 @@ def test_bad_arguments_are_clear_errors(capsys):
     assert command.command_line(["x", "experiment", "staleness", "--quick"]).endswith(
         "staleness --quick"
     )
+
+
+def test_lag_flag_reaches_every_run_and_keeps_async_cells_apart(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--lag", "fixed"])
+    budget = command.budget_from(args)
+    config = plan.cell_config(plan.Cell("naive", 4, 0), budget, tmp_path / "m", tmp_path)
+    assert (config.rollout.lag, config.rollout.eta) == ("fixed", 4)
+    assert budget.run_settings()["lag"] == "fixed"  # a lag cell is never an async cell
+    assert "lag" not in plan.FULL.run_settings()  # cells saved before --lag stay valid
+    assert command.default_out(args) == "runs/staleness_quick_lag_fixed"
+    assert command.default_out(parser.parse_args([])) == "runs/staleness"
+    assert "`rollout.lag=fixed`" in report.staleness_setting(budget)
+    assert "rollout.lag" not in report.staleness_setting(plan.FULL)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--lag", "sometimes"])

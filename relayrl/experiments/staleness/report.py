@@ -182,6 +182,21 @@ def why_budget(budget: Budget) -> list[str]:
     ]
 
 
+def staleness_setting(budget: Budget) -> str:
+    """How the runs' staleness came about: the machine (async) or lag emulation."""
+    if budget.lag == "async":
+        return (
+            "one rollout server process and one trainer thread, weights published every step "
+            "(asynchronous: realised staleness depends on this machine's timing)."
+        )
+    how = "d = η" if budget.lag == "fixed" else "d drawn uniformly from {0, …, η} per step"
+    return (
+        f"one trainer thread; lag emulation (`rollout.lag={budget.lag}`): the batch trained at "
+        f"version v is generated in-process by exactly the weights v − d, {how} (clipped to "
+        "v), so staleness does not depend on the machine (docs/async.md)."
+    )
+
+
 def machine() -> str:
     load = os.getloadavg()
     return (
@@ -223,8 +238,8 @@ def write_markdown(
         f"per step ({budget.samples_per_step} samples), {budget.steps} steps, "
         f"{budget.max_new_tokens} new tokens, lr {budget.lr:g} (AdamW, 2 warm-up steps, "
         f"constant), {budget.ppo_minibatches} PPO mini-batches × {budget.ppo_epochs} "
-        "epochs per batch (one version per batch), GRPO advantages, no dynamic sampling, one rollout server process and "
-        "one trainer thread, weights published every step.",
+        "epochs per batch (one version per batch), GRPO advantages, no dynamic sampling, "
+        + staleness_setting(budget),
         f"- Evaluation: held-out pass@1 on {budget.eval_problems} problems every "
         f"{budget.eval_every} steps and at step 0, the final one on {budget.final_problems}.",
         f"- Seeds: {budget.seeds} per cell (the seed sets the prompt order and the sampling "

@@ -41,6 +41,10 @@ class CellResult:
     # mean over steps of the trained samples' behaviour-vs-proximal k3 KL: how far the
     # policy moved between generating and training (None in cells saved before it existed)
     behav_kl: float | None = None
+    # means over steps of the per-version drift KL(π_v ‖ π_v+1) and of KL(μ ‖ π_v), measured
+    # alike for every method (relayrl.algo.losses.policy_drift; None: saved before they were)
+    drift_kl: float | None = None
+    behav_prox_kl: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -74,7 +78,14 @@ def read_run(run_dir: Path, cell: Cell, samples_per_step: int) -> CellResult:
         train_seconds=train_s,
         replayed_frac=replayed / trained if trained else 0.0,
         behav_kl=statistics.fmean(r.get("behav_kl_k3", 0.0) for r in steps),
+        drift_kl=_step_mean(steps, "drift_kl_k3"),
+        behav_prox_kl=_step_mean(steps, "behav_prox_kl_k3"),
     )
+
+
+def _step_mean(steps: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in steps if key in r]
+    return statistics.fmean(values) if values else None
 
 
 def run_cell(cell: Cell, budget: Budget, model_dir: Path, out: Path) -> CellResult:
