@@ -284,7 +284,7 @@ def write_markdown(
         "",
         *(findings(cells, budget) or ["- Not enough cells to compare."]),
         "",
-        "![staleness](staleness.png)",
+        f"![staleness]({path.with_suffix('.png').name})",
         "",
         "Per-cell numbers (curves, staleness, times) are in the experiment's `cells/*.json`.",
         "",
