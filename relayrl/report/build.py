@@ -113,6 +113,16 @@ def chart_importance(ax, logs: RunLogs) -> bool:
     )
 
 
+def chart_drift(ax, logs: RunLogs) -> bool:
+    ax.set(title="per-version drift (k3, batch tokens)", xlabel="step", ylabel="KL")
+    return _lines(
+        ax,
+        logs,
+        [("drift_kl_k3", "KL(π_v ‖ π_v+1)"), ("behav_prox_kl_k3", "KL(μ ‖ π_v)")],
+        "step",
+    )
+
+
 def chart_ess(ax, logs: RunLogs) -> bool:
     ax.set(title="effective sample size of π_prox/μ", xlabel="step", ylabel="ESS / N")
     return _lines(ax, logs, [("ess_frac", "ESS / N")], "step")
@@ -215,6 +225,7 @@ CHARTS: dict[str, Callable] = {
     "response_length": chart_lengths,
     "staleness": chart_staleness,
     "importance_weights": chart_importance,
+    "drift": chart_drift,
     "ess": chart_ess,
     "replay": partial(
         chart_prefixed,

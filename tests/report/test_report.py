@@ -123,7 +123,9 @@ def test_report_with_missing_optional_metrics_still_builds(short_run, tmp_path):
     )
     report = build_report(run)
     assert "reward_by_step" in report.charts
-    assert {"staleness", "time_split", "importance_weights", "replay"} <= set(report.skipped)
+    assert {"staleness", "time_split", "importance_weights", "drift", "replay"} <= set(
+        report.skipped
+    )
     assert report.html_path.is_file()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -32,7 +32,7 @@ from relayrl.rollout.tools import (
     calc_value,
     run_python,
 )
-from relayrl.rollout.trajectory import ORIGIN_ENV
+from relayrl.rollout.trajectory import ORIGIN_ENV, ORIGIN_MODEL
 from relayrl.rollout.workflow import (
     EpisodeWorkflow,
     GroupRequest,
@@ -379,3 +379,27 @@ def test_python_tool_runs_in_the_sandbox_and_reports_failures():
     result = asyncio.run(PythonEnvironment().step(ModelTurn("<python>1/0</python>", [], "stop")))
     assert result.observation.startswith("<out>error: exit 1: ZeroDivisionError")
     assert not result.done and result.metrics["tool_errors"] == 1
+
+
+def test_a_turn_still_aborted_ends_the_episode_for_rejection():
+    """A later turn that the client gave up resubmitting ends the episode there, marked
+    ``abort``: no observation is appended after it and nothing grades it (the controller
+    then rejects the group, tests/rollout/test_controller.py)."""
+    policy = FakePolicy(random.Random(0), {"cut0": ["<calc>3*4</calc>", "#### 12"]})
+
+    async def cut_second_turn(ids, params, key):
+        gen = await policy.generate(ids, params, key)
+        if decode(ids).count("<out>") == 1:
+            gen.finish_reason, gen.resubmissions = "abort", 32
+        return gen
+
+    services = replace(services_for(policy), generate=cut_second_turn)
+    problem = problems(1, Flaky.name, prefix="cut")[0]
+    request = GroupRequest(
+        "g0", problem, encode(problem.prompt), 0, [SamplingParams(max_new_tokens=200, seed=0)]
+    )
+    (sample,) = asyncio.run(EpisodeWorkflow().run_group(request, services))
+    t = sample.trajectory
+    assert (t.finish_reason, t.reward_status, t.reward) == ("abort", "aborted", 0.0)
+    assert t.episode["turns"] == 2 and t.origins[-1] == ORIGIN_MODEL
+    assert sample.resubmissions == 32
