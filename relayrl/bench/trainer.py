@@ -90,6 +90,7 @@ def _config(model_dir: Path, out: Path, world_size: int, steps: int, mbt: int):
             "rollout.eta=0",
             "optim.warmup_steps=0",
             f"optim.micro_batch_tokens={mbt}",
+            "train.drift_metrics=false",  # the update's cost, as recorded before drift existed
         ],
     )
 

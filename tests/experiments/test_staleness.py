@@ -219,6 +219,7 @@ def test_lag_flag_reaches_every_run_and_keeps_async_cells_apart(tmp_path):
     budget = command.budget_from(args)
     config = plan.cell_config(plan.Cell("naive", 4, 0), budget, tmp_path / "m", tmp_path)
     assert (config.rollout.lag, config.rollout.eta) == ("fixed", 4)
+    assert config.train.drift_metrics  # on, although measured runs switch it off
     assert budget.run_settings()["lag"] == "fixed"  # a lag cell is never an async cell
     assert "lag" not in plan.FULL.run_settings()  # cells saved before --lag stay valid
     assert command.default_out(args) == "runs/staleness_quick_lag_fixed"

@@ -87,6 +87,7 @@ class Budget(RunBudget):
             f"optim.ppo_minibatches={self.ppo_minibatches}",
             f"optim.ppo_epochs={self.ppo_epochs}",
             f"rollout.lag={self.lag}",
+            "train.drift_metrics=true",  # the study's own measurement, whatever it costs
         ]
 
     def run_settings(self) -> dict[str, Any]:
