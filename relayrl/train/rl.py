@@ -17,6 +17,10 @@ background; the admission bound moves up once they have. ``train.publish_mode``:
 new weights) or ``abort`` (``pause("abort")``, load, ``continue_generation()``; the client
 resubmits the aborted requests with their partial output).
 
+Lag emulation (``rollout.lag`` fixed / uniform, docs/async.md): no rollout server; the job is
+``relayrl.train.lag.LaggedJob``, which shares this job's setup and generates each batch in
+this process with the weights v − d.
+
 Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
 SIGINT/SIGTERM, ``resume=True`` continues from the newest good one
 (``relayrl.train.resume``); dead or hung rollout servers are restarted with the latest
