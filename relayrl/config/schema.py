@@ -349,8 +349,8 @@ class TrainConfig(Section):
         True,
         description="log per-version drift on every batch's trained tokens, alike for every "
         "loss: drift_kl_k3 = KL(π_v ‖ π_v+1) (one more no-grad forward pass over the batch "
-        "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox; losses without "
-        "π_prox, e.g. ppo, pay one more forward before the update); docs/async.md",
+        "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox, or for ppo the "
+        "update's own forward; ppo in mini-batches pays one more pass before); docs/async.md",
     )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
         None,

@@ -13,7 +13,8 @@ micro-batch ``policy_loss`` with the mini-batch's normaliser, backward → clip 
 then version + 1 (one version per batch, whatever the number of AdamW steps). With
 ``train.drift_metrics`` a no-grad pass after the update gives the per-version drift
 ``drift_kl_k3`` = KL(π_v ‖ π_v+1) and ``behav_prox_kl_k3`` = KL(μ ‖ π_v) on the batch's tokens
-(``relayrl.algo.losses.policy_drift``; a loss without π_prox pays one more pass before). Logprobs are
+(``relayrl.algo.losses.policy_drift``; a loss without π_prox takes log π_v from its first
+AdamW step's forward pass when that covers the whole batch, else one more pass before). Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
 With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
@@ -182,6 +183,8 @@ def combine_update_stats(updates: Sequence[tuple[dict[str, float], int]]) -> dic
 class RLTrainer:
     """Owns the policy being optimised; ``version`` = optimizer steps taken."""
 
+    world_size = 1  # processes sharing the step (a data-parallel rank sets its own)
+
     def __init__(self, model: torch.nn.Module, config: Any, pad_id: int) -> None:
         self.model = model.train()
         prefer_shape_agnostic_attention(next(model.parameters()).device)
@@ -279,9 +282,12 @@ class RLTrainer:
         t1 = time.perf_counter()
         behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
         extra.update(engine_trainer_kl(behav, vers, prox, self.version))
-        before = prox
-        if self.cfg.train.drift_metrics and before is None:  # a loss without π_prox
-            before = self.traj_logprobs(self.model, trajs, whole)
+        before, first_logprobs = prox, None
+        if self.cfg.train.drift_metrics and before is None:  # a loss without π_prox:
+            if self._one_local_update(parts):  # π_v from the update's own forward pass
+                first_logprobs = {}
+            else:
+                before = self.traj_logprobs(self.model, trajs, whole)
         t_before = time.perf_counter() - t1
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
             parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
@@ -298,6 +304,7 @@ class RLTrainer:
                         {k: [v[i] for i in part] for k, v in per_token.items()},
                         None if normalizer is None else normalizer * share,
                         whole,
+                        first_logprobs if not updates else None,
                     )
                 )
         self.scheduler.step()
@@ -305,6 +312,8 @@ class RLTrainer:
         if self.replay is not None:
             self.replay.finish(batch, self.version, self.model)
         t2 = time.perf_counter()
+        if first_logprobs is not None:
+            before = [first_logprobs[i] for i in range(len(trajs))]
         if self.cfg.train.drift_metrics:
             after = self.traj_logprobs(self.model, trajs, whole)
             extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
@@ -330,8 +339,10 @@ class RLTrainer:
         per_token: dict[str, list[torch.Tensor]],
         normalizer: float | None,
         mbs: list[_MicroBatch] | None = None,
+        keep_logprobs: dict[int, torch.Tensor] | None = None,
     ) -> tuple[dict[str, float], int]:
-        """One AdamW step on ``trajs``: micro-batches, backward, clip, step."""
+        """One AdamW step on ``trajs``: micro-batches, backward, clip, step. ``keep_logprobs``
+        receives each trajectory's (detached) logprobs under the weights before the step."""
         mbs = mbs if mbs is not None else self._micro_batches(trajs)
         if normalizer is None:
             n_tokens = self._count_tokens(trajs, mbs)
@@ -346,7 +357,7 @@ class RLTrainer:
             for mb in mbs
         ]
         ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
-        stats = self._accumulate(mbs, inputs, ref, normalizer)
+        stats = self._accumulate(mbs, inputs, ref, normalizer, keep_logprobs)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -376,6 +387,11 @@ class RLTrainer:
         terms = self.replay.loss_terms(batch, self.version, self.model, self.traj_logprobs)
         return batch, terms
 
+    def _one_local_update(self, parts: list[list[int]]) -> bool:
+        """Whether the step's first AdamW step computes every trajectory's logprobs here,
+        under the weights the step starts from (one mini-batch, one process)."""
+        return len(parts) == 1 and self.replay is None and self.world_size == 1
+
     def _needs_prox(self) -> bool:
         return loss_class(self.loss_cfg.loss).needs_prox
 
@@ -385,15 +401,19 @@ class RLTrainer:
         inputs: list[dict[str, torch.Tensor]],
         ref: list[torch.Tensor],
         normalizer: float,
+        keep_logprobs: dict[int, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """Backward through every micro-batch; ``inputs[i]``: its ``prox_logprobs`` and
-        any D-ARL ``token_coef`` / ``log_is_weight``, passed to ``policy_loss``."""
+        any D-ARL ``token_coef`` / ``log_is_weight``, passed to ``policy_loss``; the detached
+        logprobs of each trajectory go to ``keep_logprobs`` when given."""
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         total = 0
         weight_sums = {"ess_num": 0.0, "ess_den": 0.0}
         for i, mb in enumerate(mbs):
             logp, logits = self._logprobs(self.model, mb)
+            if keep_logprobs is not None:
+                keep_logprobs.update(zip(mb.index, mb.gather(logp.detach()), strict=True))
             with torch.no_grad():
                 ent = entropy_from_logits(logits.detach())
             out = policy_loss(

@@ -57,3 +57,35 @@ def test_only_older_snapshots_are_removed(tmp_path):
     removed = remove_older_snapshots(tmp_path, 3)
     assert [p.name for p in removed] == ["v1", "v2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "v0", "v10", "v3", "vx"]
+
+
+@pytest.mark.parametrize(("loss", "minibatches"), [("ppo", 1), ("ppo", 2), ("decoupled", 1)])
+def test_drift_metrics_equal_separate_passes_before_and_after(tiny_model_dir, loss, minibatches):
+    """``drift_kl_k3`` and ``behav_prox_kl_k3`` are the k3 means of two plain no-grad passes
+    around the step, for every loss; ``ppo`` in one AdamW step takes π_v from the update's own
+    forward (one pass fewer), otherwise the trainer runs the pass it needs."""
+    from relayrl.algo.losses import policy_drift
+
+    trainer = make_trainer(
+        tiny_model_dir, f"algo.loss={loss}", f"optim.ppo_minibatches={minibatches}"
+    )
+    groups = synthetic_groups(trainer, seed=5, lags=[0, 1])
+    trajs = [t for g in groups for t in g]
+    before = trainer.traj_logprobs(trainer.model, trajs)
+    passes = []
+    recompute = trainer.traj_logprobs
+
+    def counted(*args, **kwargs):  # the trainer's own recompute, counted
+        passes.append(1)
+        return recompute(*args, **kwargs)
+
+    trainer.traj_logprobs = counted
+    stats = trainer.train_step(groups)
+    after = recompute(trainer.model, trajs)
+    expected = policy_drift(
+        [t.behav_logprobs for t in trajs], [t.model_mask for t in trajs], before, after
+    )
+    assert stats["drift_kl_k3"] > 1e-6  # the step moved the policy
+    assert stats["drift_kl_k3"] == pytest.approx(expected["drift_kl_k3"], rel=1e-5)
+    assert stats["behav_prox_kl_k3"] == pytest.approx(expected["behav_prox_kl_k3"], rel=1e-5)
+    assert len(passes) == (1 if (loss, minibatches) == ("ppo", 1) else 2)
