@@ -346,8 +346,9 @@ class TrainConfig(Section):
         "ids, behaviour logprobs, versions, reward, advantage) for `relayrl train --replay-from`",
     )
     drift_metrics: bool = Field(
-        True,
-        description="log per-version drift on every batch's trained tokens, alike for every "
+        False,
+        description="(off by default: ≈ 1.3× trainer time with one update per batch; the "
+        "staleness experiment turns it on) log per-version drift on every batch's trained tokens, alike for every "
         "loss: drift_kl_k3 = KL(π_v ‖ π_v+1) (one more no-grad forward pass over the batch "
         "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox, or for ppo the "
         "update's own forward; ppo in mini-batches pays one more pass before); docs/async.md",
