@@ -20,7 +20,13 @@ from relayrl.train.trainer import RLTrainer
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_trajectories_have_unit_behaviour_weight_at_eta0(tiny_model_dir, temperature):
     config = load_config(
-        None, ["model.max_context=128", "rollout.eta=0", f"rollout.temperature={temperature}"]
+        None,
+        [
+            "model.max_context=128",
+            "rollout.eta=0",
+            f"rollout.temperature={temperature}",
+            "train.drift_metrics=true",
+        ],
     )
     tokenizer = load_tokenizer(tiny_model_dir)
     torch.manual_seed(0)

@@ -67,7 +67,10 @@ def test_drift_metrics_equal_separate_passes_before_and_after(tiny_model_dir, lo
     from relayrl.algo.losses import policy_drift
 
     trainer = make_trainer(
-        tiny_model_dir, f"algo.loss={loss}", f"optim.ppo_minibatches={minibatches}"
+        tiny_model_dir,
+        f"algo.loss={loss}",
+        f"optim.ppo_minibatches={minibatches}",
+        "train.drift_metrics=true",
     )
     groups = synthetic_groups(trainer, seed=5, lags=[0, 1])
     trajs = [t for g in groups for t in g]
