@@ -68,6 +68,7 @@ def connect(cfg: RayConfig) -> None:
     address = None
     if cfg.address != "local":
         address = resolve_address(cfg.address)
+    if address not in (None, "auto"):
         wait_for_port(address, cfg.address, cfg.connect_timeout_s)
         metadata = cluster_metadata(address, cfg.address, cfg.connect_timeout_s)
         problem = version_mismatch(metadata, *driver_versions())
@@ -85,8 +86,10 @@ def resolve_address(address: str) -> str:
     """``host:port`` of ``ray.address`` (``auto``: ``$RAY_ADDRESS``, else the cluster that
     ``ray start`` last recorded on this node, as ``ray.init`` resolves it)."""
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
+        try:  # Ray's own resolution (private: present in Ray 2.40 to 2.60)
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return address  # ray.init resolves it, unbounded
         found = canonicalize_bootstrap_address("auto")
         if found is None:
             raise RelayError(
@@ -130,8 +133,10 @@ def wait_for_port(address: str, key_value: str, timeout_s: float) -> None:
 def cluster_metadata(address: str, key_value: str, timeout_s: float) -> dict[str, Any]:
     """The versions the cluster at ``address`` was started with, from its GCS (what
     ``ray.init`` checks too, but only after connecting and with a multi-line message)."""
-    from ray._raylet import GcsClient
-
+    try:  # private too; without it ray.init still checks, after connecting
+        from ray._raylet import GcsClient
+    except ImportError:
+        return {}
     try:
         raw = GcsClient(address=address).internal_kv_get(
             CLUSTER_METADATA_KEY, namespace=CLUSTER_NAMESPACE, timeout=timeout_s
