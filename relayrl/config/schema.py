@@ -484,6 +484,12 @@ class RayConfig(Section):
         description="Ray cluster: 'local' (start one in this process, for development), 'auto' "
         "(the cluster this node belongs to, e.g. under the Slurm script) or 'host:port'",
     )
+    connect_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="wait for the Ray head at ray.address to answer (a head may be starting) "
+        "before failing",
+    )
     server_cpus: float = Field(1.0, gt=0, description="CPUs reserved per rollout server")
     server_gpus: float = Field(0.0, ge=0, description="GPUs reserved per rollout server")
     server_resources: dict[str, float] = Field(

@@ -30,7 +30,9 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,21 +45,149 @@ from relayrl.launch.servers import PARENT_ENV, ServerLauncher, free_port
 ROLE = "rollout servers"
 
 
+CLUSTER_METADATA_KEY = b"CLUSTER_METADATA"  # what ``ray start`` records in the GCS
+CLUSTER_NAMESPACE = b"cluster"
+PROBE_INTERVAL_S = 0.5
+VERSION_KEYS = ("ray_version", "python_version", "relayrl_version")
+
+
 def connect(cfg: RayConfig) -> None:
-    """Join (or, for ``address: local``, start) the Ray cluster of this run."""
+    """Join (or, for ``address: local``, start) the Ray cluster of this run.
+
+    For a cluster address, every step is bounded and fails with one error naming
+    ``ray.address``: resolve it (``auto``), reach its GCS port (``ray.connect_timeout_s``;
+    ``ray.init`` alone retries an unreachable address for ever), read the versions the
+    cluster was started with and compare them with this process's (:func:`version_mismatch`),
+    then ``ray.init``."""
     try:
         import ray
     except ImportError as exc:
         raise RelayError("launcher: ray needs Ray: pip install 'ray>=2.40'") from exc
     if ray.is_initialized():
         return
-    address = None if cfg.address == "local" else cfg.address
+    address = None
+    if cfg.address != "local":
+        address = resolve_address(cfg.address)
+    if address not in (None, "auto"):
+        wait_for_port(address, cfg.address, cfg.connect_timeout_s)
+        metadata = cluster_metadata(address, cfg.address, cfg.connect_timeout_s)
+        problem = version_mismatch(metadata, *driver_versions())
+        if problem:
+            raise RelayError(f"ray.address={cfg.address!r} ({address}): {problem}")
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         what = "start a local Ray cluster" if address is None else f"connect to {address!r}"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RelayError(f"ray.address={cfg.address!r}: could not {what}: {first}") from exc
+
+
+def resolve_address(address: str) -> str:
+    """``host:port`` of ``ray.address`` (``auto``: ``$RAY_ADDRESS``, else the cluster that
+    ``ray start`` last recorded on this node, as ``ray.init`` resolves it)."""
+    if address == "auto":
+        try:  # Ray's own resolution (private: present in Ray 2.40 to 2.60)
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return address  # ray.init resolves it, unbounded
+        found = canonicalize_bootstrap_address("auto")
+        if found is None:
+            raise RelayError(
+                "ray.address='auto': no Ray cluster on this node (RAY_ADDRESS is unset and "
+                "no `ray start` is recorded under /tmp/ray); start one with `ray start "
+                "--head` or give its head as ray.address=HOST:PORT"
+            )
+        return found
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RelayError(
+            f"ray.address={address!r}: expected 'local', 'auto' or HOST:PORT of a Ray head "
+            "(e.g. 10.0.0.1:6379)"
+        )
+    return address
+
+
+def wait_for_port(address: str, key_value: str, timeout_s: float) -> None:
+    """Until ``address``'s TCP port accepts a connection (a head may be starting); one
+    error naming ``ray.address``, what was tried and the last failure after ``timeout_s``."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                return
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        if time.monotonic() + PROBE_INTERVAL_S > deadline:
+            raise RelayError(
+                f"ray.address={key_value!r}: no Ray head answers at {address}: {tries} TCP "
+                f"connection attempts over {timeout_s:.0f}s (ray.connect_timeout_s) failed, "
+                f"last with {last!r}; start the head (`ray start --head --port={port}`) or "
+                "fix ray.address"
+            )
+        time.sleep(PROBE_INTERVAL_S)
+
+
+def cluster_metadata(address: str, key_value: str, timeout_s: float) -> dict[str, Any]:
+    """The versions the cluster at ``address`` was started with, from its GCS (what
+    ``ray.init`` checks too, but only after connecting and with a multi-line message)."""
+    try:  # private too; without it ray.init still checks, after connecting
+        from ray._raylet import GcsClient
+    except ImportError:
+        return {}
+    try:
+        raw = GcsClient(address=address).internal_kv_get(
+            CLUSTER_METADATA_KEY, namespace=CLUSTER_NAMESPACE, timeout=timeout_s
+        )
+    except Exception as exc:  # grpc timeouts and status errors have no common base class
+        raise RelayError(
+            f"ray.address={key_value!r}: {address} accepts connections but did not answer as "
+            f"a Ray GCS within {timeout_s:.0f}s (ray.connect_timeout_s): {exc}; is it a Ray "
+            "head's port (`ray start --head --port=...`)?"
+        ) from None
+    return json.loads(raw) if raw else {}
+
+
+def driver_versions() -> tuple[str, str, str]:
+    """(Ray, Python, relayrl) versions of this process."""
+    import ray
+
+    import relayrl
+
+    return ray.__version__, ".".join(map(str, sys.version_info[:3])), relayrl.__version__
+
+
+def version_mismatch(
+    metadata: dict[str, Any], ray_version: str, python_version: str, relayrl_version: str = ""
+) -> str | None:
+    """What differs between a cluster's recorded versions (``metadata``: ``ray_version``,
+    ``python_version``, and ``relayrl_version`` where a node reported it) and this process's,
+    as Ray requires (the same Ray; the same Python down to the patch level unless
+    ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor``); None when they match or the cluster
+    recorded nothing."""
+    if not metadata:
+        return None
+    level = os.environ.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL", "patch")
+    digits = 2 if level == "minor" else 3
+    theirs_py = str(metadata.get("python_version", python_version))
+    problems = []
+    if str(metadata.get("ray_version", ray_version)) != ray_version:
+        problems.append(f"Ray {metadata['ray_version']} there, {ray_version} here")
+    if theirs_py.split(".")[:digits] != python_version.split(".")[:digits]:
+        problems.append(f"Python {theirs_py} there, {python_version} here")
+    theirs_rr = str(metadata.get("relayrl_version", relayrl_version))
+    if theirs_rr != relayrl_version:
+        problems.append(f"relayrl {theirs_rr} there, {relayrl_version} here")
+    if not problems:
+        return None
+    return (
+        "version mismatch between this driver and the Ray cluster: "
+        + "; ".join(problems)
+        + "; every node and the driver need the same versions (install them into this "
+        "environment, or restart the cluster from it)"
+    )
 
 
 class _ServerHost:
@@ -96,6 +226,7 @@ class _ServerHost:
             "actor_pid": os.getpid(),
             "server_pid": self.proc.pid,
             "log": log,
+            "versions": dict(zip(VERSION_KEYS, driver_versions(), strict=True)),
         }
 
     def poll(self) -> int | None:
@@ -233,6 +364,15 @@ class RayServerLauncher(ServerLauncher):
                 f"rollout server {i}: its Ray actor did not start within "
                 f"{self.startup_timeout_s:.0f}s (rollout.startup_timeout_s)"
             ) from None
+        except ray.exceptions.RayError as exc:  # e.g. relayrl missing on that node
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            raise RelayError(
+                f"rollout server {i}: its Ray actor failed to start: {lines[-1] if lines else exc}"
+            ) from None
+        problem = version_mismatch(info["versions"], *driver_versions())
+        if problem:
+            ray.kill(actor)
+            raise RelayError(f"rollout server {i} on Ray node {info['node_ip']}: {problem}")
         return RemoteServer(actor, info), log, info["url"]
 
     def respawn(self, i: int) -> str:

@@ -1,14 +1,18 @@
 """``launcher: ray`` on a real Ray cluster of two nodes (a head and a worker node, each a
-``ray start`` process tree) started by the test.
+``ray start`` process tree) started once for this module.
 
-The cluster and the run live in a private network namespace with only a loopback
+The cluster and the runs live in a private network namespace with only a loopback
 interface (``unshare --net``, root): Ray advertises a node's routable address, and there it
-can only be 127.0.0.1, so no traffic leaves loopback. The namespace shares the pid space,
-so the test kills a server's actor from outside with SIGKILL, as the OOM killer would.
+can only be 127.0.0.1, so no traffic leaves loopback. A holder process keeps the namespace;
+each run enters it with ``nsenter``. The namespace shares the pid space, so a test kills a
+server's actor from outside with SIGKILL, as the OOM killer would; teardown ends exactly the
+processes inside the namespace (by pid, never ``ray stop``, which kills every Ray process
+of the machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,42 +22,134 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
-    reason="needs root, unshare and ip for a loopback-only network namespace",
+    os.geteuid() != 0
+    or shutil.which("unshare") is None
+    or shutil.which("nsenter") is None
+    or shutil.which("ip") is None,
+    reason="needs root, unshare, nsenter and ip for a loopback-only network namespace",
 )
 ray = pytest.importorskip("ray")
 RAY = str(Path(sys.executable).with_name("ray"))
 PORT = 6380  # inside the fresh namespace every port is free
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "async.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def cluster_script(temp: Path, run: str) -> str:
+@dataclass
+class Cluster:
+    """A two-node Ray cluster inside the network namespace of process ``holder``."""
+
+    holder: subprocess.Popen
+    namespace: str = ""  # its /proc/PID/ns/net link, read once the cluster is up
+
+    def command(self, script: str) -> list[str]:
+        return ["nsenter", "-t", str(self.holder.pid), "-n", "bash", "-c", script]
+
+    def run(self, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("RAY_ADDRESS", None)
+        return subprocess.run(
+            self.command(script), capture_output=True, text=True, timeout=timeout, env=env
+        )
+
+    def popen(self, script: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("RAY_ADDRESS", None)
+        return subprocess.Popen(
+            self.command(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env,
+        )  # fmt: skip
+
+    def pids(self) -> list[int]:
+        """Every process in the namespace (the holder, Ray's daemons and workers, runs)."""
+        if not self.namespace:
+            return []
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(entry / "ns" / "net") == self.namespace:
+                        found.append(int(entry.name))
+        return found
+
+    def stop(self) -> None:
+        """SIGTERM every process in the namespace, SIGKILL what is left after 5 s."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = self.pids()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 5
+            while any(map(alive, pids)) and time.monotonic() < deadline:
+                self.holder.poll()  # reap our own child
+                time.sleep(0.1)
+        self.holder.wait(timeout=5)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cluster_script(temp: Path) -> str:
     """Start a head and a worker node (session files under ``temp``, which must be short:
-    Ray's unix socket paths stay under 108 bytes), run ``run``, stop the cluster whatever
-    happens."""
+    Ray's unix socket paths stay under 108 bytes), say ``ready``, then hold the namespace."""
     common = "--node-ip-address=127.0.0.1 --disable-usage-stats"
     return textwrap.dedent(
         f"""
         set -e
         ip link set lo up
         unset RAY_ADDRESS
-        trap '{RAY} stop --force >/dev/null 2>&1' EXIT
         {RAY} start --head --port={PORT} --num-cpus=1 --resources='{{"node_a": 1}}' \\
             --include-dashboard=false --temp-dir={temp} {common} >/dev/null
         {RAY} start --address=127.0.0.1:{PORT} --num-cpus=1 --resources='{{"node_b": 1}}' \\
             {common} >/dev/null
-        {run}
+        echo ready
+        exec sleep infinity
         """
     )
 
 
-def train_command(model_dir: Path, out: Path, *overrides: str) -> str:
-    args = [
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    temp = Path(tempfile.mkdtemp(prefix="rr-ray-", dir="/tmp"))
+    log = temp / "cluster.log"  # a file: Ray's daemons inherit it and outlive the script
+    with open(log, "w") as out:
+        holder = subprocess.Popen(
+            ["unshare", "--net", "bash", "-c", cluster_script(temp)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    handle = Cluster(holder)
+    try:
+        deadline = time.monotonic() + 180
+        ours = os.readlink("/proc/self/ns/net")
+        while "ready" not in log.read_text().splitlines():
+            with contextlib.suppress(OSError):
+                theirs = os.readlink(f"/proc/{holder.pid}/ns/net")
+                handle.namespace = theirs if theirs != ours else ""
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield handle
+    finally:
+        handle.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def train_args(model_dir: Path, out: Path, *overrides: str) -> list[str]:
+    return [
         sys.executable, "-m", "relayrl.cli", "train", str(CONFIG),
         f"output_dir={out}", "name=run", f"model.path={model_dir}",
         "model.max_context=128", "rollout.prompts_per_step=2", "rollout.n_samples=4",
@@ -62,33 +158,31 @@ def train_command(model_dir: Path, out: Path, *overrides: str) -> str:
         "train.trainer_threads=1", "runtime.threads=1", "launcher=ray",
         f"ray.address=127.0.0.1:{PORT}", *overrides,
     ]  # fmt: skip
+
+
+def shell(args: list[str]) -> str:
     return " ".join(f"'{a}'" for a in args)
 
 
-def test_servers_land_where_placed_and_a_killed_actor_is_survived(tiny_model_dir, tmp_path):
+def test_servers_land_where_placed_and_a_killed_actor_is_survived(
+    cluster, tiny_model_dir, tmp_path
+):
     """Two servers, STRICT_SPREAD over two nodes: one per node (cluster.json). Server 0's
     actor is SIGKILLed after the first step: the supervisor respawns it in its bundle and
     the run finishes every step. Then a bundle no node can hold fails in bounded time with
     one error naming the role and the resources."""
     out = tmp_path / "out"
-    run = train_command(
+    run = train_args(
         tiny_model_dir,
         out,
         "rollout.num_servers=2",
         "ray.placement_strategy=STRICT_SPREAD",
         "train.total_steps=8",
     )
-    too_big = train_command(
+    too_big = train_args(
         tiny_model_dir, out, "name=big", "ray.server_cpus=4", "ray.placement_timeout_s=5"
     )
-    temp = Path(tempfile.mkdtemp(prefix="rr-ray-", dir="/tmp"))
-    script = cluster_script(temp, f"{run}\n{too_big} 2> {tmp_path / 'big.err'} || true")
-    proc = subprocess.Popen(
-        ["unshare", "--net", "bash", "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = cluster.popen(f"{shell(run)}\n{shell(too_big)} 2> {tmp_path / 'big.err'} || true")
     run_dir = out / "run"
     killed = None
     try:
@@ -97,23 +191,22 @@ def test_servers_land_where_placed_and_a_killed_actor_is_survived(tiny_model_dir
             metrics = run_dir / "metrics.jsonl"
             if (run_dir / "cluster.json").exists() and metrics.exists():
                 if any('"step": 1' in line for line in metrics.read_text().splitlines()):
-                    cluster = json.loads((run_dir / "cluster.json").read_text())
-                    killed = cluster["servers"][0]["actor_pid"]
+                    info = json.loads((run_dir / "cluster.json").read_text())
+                    killed = info["servers"][0]["actor_pid"]
                     os.kill(killed, signal.SIGKILL)
             time.sleep(0.2)
         output, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:
             proc.kill()
-        shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0, output[-3000:]
     assert killed is not None, "the run ended before its first step was logged"
     assert "final_pass@1=" in output
 
-    cluster = json.loads((run_dir / "cluster.json").read_text())
-    nodes = {s["node_id"] for s in cluster["servers"]}
-    assert len(cluster["servers"]) == 2 and len(nodes) == 2  # one server per node
-    assert cluster["servers"][0]["actor_pid"] != killed  # respawned: a new actor
+    info = json.loads((run_dir / "cluster.json").read_text())
+    nodes = {s["node_id"] for s in info["servers"]}
+    assert len(info["servers"]) == 2 and len(nodes) == 2  # one server per node
+    assert info["servers"][0]["actor_pid"] != killed  # respawned: a new actor
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train_tokens" in r]
     assert [r["step"] for r in steps] == list(range(1, 9))
@@ -121,3 +214,111 @@ def test_servers_land_where_placed_and_a_killed_actor_is_survived(tiny_model_dir
 
     err = (tmp_path / "big.err").read_text().strip().splitlines()
     assert err[-1].startswith("error: Ray could not place the rollout servers: 1 × {'CPU': 4.0}")
+
+
+def trajectories(run_dir: Path) -> list[dict]:
+    """The trained trajectories of a run in (step, group, sample) order, in full (token
+    ids, behaviour logprobs, versions, reward, advantage) but for their timings."""
+    rows = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    rows.sort(key=lambda r: (r["step"], int(r["group_id"][1:]), r["sample_index"]))
+    return [
+        {"step": r["step"], **{k: v for k, v in r["trajectory"].items() if k != "timings"}}
+        for r in rows
+    ]  # timings: wall-clock seconds, the one field that may differ
+
+
+PARITY_RUN = (
+    "import sys; from relayrl.config.loader import load_config; "
+    "from relayrl.train.rl import run_train; from tests.train.conftest import parity_grader; "
+    "run_train(load_config(sys.argv[1], sys.argv[2:]), grader=parity_grader)"
+)
+
+
+def graded(args: list[str]) -> list[str]:
+    """``relayrl train`` ``args`` run through ``run_train`` with the parity grader (varied
+    rewards on a random model, so the updates are real; a task's verifier gives all zeros)."""
+    config_and_overrides = args[args.index("train") + 1 :]
+    return [sys.executable, "-c", PARITY_RUN, *config_and_overrides]
+
+
+def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_model_dir, tmp_path):
+    """η = 0, one request at a time per server (the engine's batch composition is the one
+    source of last-bit differences, docs/engine.md): the launcher only decides where the
+    server process runs, so both runs must train the same prompts, the same completion
+    token ids with the same behaviour logprobs, rewards and advantages, and end with
+    bitwise the same weights."""
+    common = (
+        "rollout.eta=0", "rollout.max_running_requests=1", "train.total_steps=3",
+        "train.dump_trajectories=true", "train.save_final=true", "optim.lr=1e-4",
+    )  # fmt: skip
+    local = graded(train_args(tiny_model_dir, tmp_path, "name=local", *common, "launcher=local"))
+    on_ray = graded(train_args(tiny_model_dir, tmp_path, "name=ray", *common))
+    done = cluster.run(f"{shell(local)} && {shell(on_ray)}", timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert (tmp_path / "ray" / "cluster.json").is_file()  # the servers were Ray actors
+    assert not (tmp_path / "local" / "cluster.json").exists()
+
+    a, b = trajectories(tmp_path / "local"), trajectories(tmp_path / "ray")
+    assert len(a) == 3 * 2 * 4 and [t["step"] for t in a] == [t["step"] for t in b]
+    assert a == b  # prompts, completion ids, logprobs, versions, rewards, advantages
+    assert all(set(t["versions"]) == {t["step"]} for t in a)  # η = 0: on-policy
+    assert len({t["reward"] for t in a}) == 2  # rewards vary: real updates
+
+    from relayrl.models.loading import load_model
+
+    w_local = dict(load_model(tmp_path / "local" / "final_model").named_parameters())
+    w_ray = load_model(tmp_path / "ray" / "final_model").named_parameters()
+    w_init = dict(load_model(tiny_model_dir).named_parameters())
+    assert max((p - w_init[n]).abs().max().item() for n, p in w_local.items()) > 1e-5  # trained
+    assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
+
+
+def metadata_script(ray_version: str | None) -> str:
+    """Rewrite (or, with None, restore) the Ray version the cluster's GCS records."""
+    code = textwrap.dedent(
+        f"""
+        import json, ray
+        from ray._raylet import GcsClient
+        from relayrl.launch.ray_cluster import CLUSTER_METADATA_KEY as K, CLUSTER_NAMESPACE as N
+        gcs = GcsClient(address="127.0.0.1:{PORT}")
+        meta = json.loads(gcs.internal_kv_get(K, namespace=N, timeout=10))
+        meta["ray_version"] = {json.dumps(ray_version or "")} or ray.__version__
+        gcs.internal_kv_put(K, json.dumps(meta).encode(), True, namespace=N, timeout=10)
+        """
+    )
+    return shell([sys.executable, "-c", code])
+
+
+def test_bad_ray_addresses_fail_with_one_line_in_bounded_time(cluster, tiny_model_dir, tmp_path):
+    """A port nobody listens on: one error naming ray.address, the address and what was
+    tried, after ray.connect_timeout_s (``ray.init`` alone retries for ever). A cluster whose
+    GCS records another Ray version (rewritten here: one Ray is installed) is refused before
+    connecting, naming both versions."""
+    nobody = train_args(
+        tiny_model_dir, tmp_path, "ray.address=127.0.0.1:6999", "ray.connect_timeout_s=3"
+    )
+    start = time.monotonic()
+    done = cluster.run(shell(nobody), timeout=120)
+    took = time.monotonic() - start
+    assert done.returncode != 0
+    err = done.stderr.strip().splitlines()
+    assert err[-1].startswith(
+        "error: ray.address='127.0.0.1:6999': no Ray head answers at 127.0.0.1:6999: "
+    ), done.stderr[-2000:]
+    assert "over 3s (ray.connect_timeout_s) failed, last with 'Connection refused'" in err[-1]
+    assert took < 60  # 3 s of probing plus the start-up of the CLI
+
+    mismatch = train_args(tiny_model_dir, tmp_path, "name=mismatch")
+    done = cluster.run(
+        f"{metadata_script('2.40.0')} && {{ {shell(mismatch)}; code=$?; "
+        f"{metadata_script(None)}; exit $code; }}",
+        timeout=120,
+    )
+    assert done.returncode != 0
+    err = done.stderr.strip().splitlines()
+    assert err[-1] == (
+        f"error: ray.address='127.0.0.1:{PORT}' (127.0.0.1:{PORT}): version mismatch between "
+        f"this driver and the Ray cluster: Ray 2.40.0 there, {ray.__version__} here; every "
+        "node and the driver need the same versions (install them into this environment, or "
+        "restart the cluster from it)"
+    ), done.stderr[-2000:]
