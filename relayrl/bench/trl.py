@@ -64,6 +64,7 @@ RSS_POLL_S = 0.2
 SFT_SEED = 0  # the benchmark's own SFT base is built once and shared by every seed
 DEFAULT_TARGET_FRACTION = 0.8
 SMOKE = "smoke test: not a measurement"
+PROMPTS_CHECKED = 256  # longest train prompts (by characters) checked against the context
 
 # What cannot be matched exactly; printed and written to trl_bench.json (docs/trl.md).
 DIFFERENCES = [
@@ -166,6 +167,7 @@ LONGTAIL = Workload(
         extra_overrides=LONGTAIL_CONFIG,
     ),
     sft=("sft.steps=800", "sft.batch_size=32"),
+    quick_sft=("sft.steps=20", "sft.batch_size=16", "eval.num_problems=16"),
     about="arithmetic chains of 2 + Geometric(0.85) steps up to 40 (long-tail completion "
     "lengths, budget 512 tokens), tiny preset, 768-token context",
 )
@@ -360,10 +362,12 @@ def base_model(args: argparse.Namespace, s: Settings, out: Path) -> Path:
 
 def check_prompts_fit(tokenizer, problems, max_context: int, max_new_tokens: int) -> None:
     """relayrl skips a train prompt whose tokens + ``max_new_tokens`` exceed
-    ``model.max_context`` and TRL would not: fail instead of comparing different prompts."""
+    ``model.max_context`` and TRL would not: fail instead of comparing different prompts.
+    Only the ``PROMPTS_CHECKED`` longest prompts by characters are tokenized (fast)."""
     from relayrl.models.loading import encode_prompt
 
-    longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in problems)
+    candidates = sorted(problems, key=lambda p: len(p.prompt))[-PROMPTS_CHECKED:]
+    longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in candidates)
     if longest + max_new_tokens > max_context:
         raise RelayError(
             f"model.max_context {max_context} is too small: the longest train prompt has "
