@@ -8,6 +8,7 @@ import argparse
 import csv
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,12 @@ def test_base_model_evaluation_does_not_count():
 # --------------------------------------------------------------------------- workloads
 
 
+def _longtail_params() -> dict:
+    from relayrl.bench.trl import run_config
+
+    return run_config(LONGTAIL.full, Path("/nonexistent"), None).task.params
+
+
 def test_longtail_workload_settings(tmp_path):
     from relayrl.bench.trl import run_config
 
@@ -152,7 +159,7 @@ def test_longtail_chain_lengths_have_a_long_tail():
 
     from relayrl.tasks.registry import make_task
 
-    task = make_task("arithmetic", {"min_steps": 2, "max_steps": 40, "tail": 0.85})
+    task = make_task("arithmetic", _longtail_params())
     steps = sorted(len(p.meta["ops"]) for p in task.problems("train", 4000, 0))
     assert abs(statistics.median(steps) - 6) <= 1
     assert abs(steps[int(0.9 * len(steps))] - 16) <= 1
@@ -165,7 +172,7 @@ def test_longtail_prompts_fit_the_context():
     from relayrl.models.tokenizer import train_tokenizer
     from relayrl.tasks.registry import make_task
 
-    task = make_task("arithmetic", {"min_steps": 2, "max_steps": 40, "tail": 0.85})
+    task = make_task("arithmetic", _longtail_params())
     tokenizer = train_tokenizer(task_corpus(task, 200, 0), vocab_size=384)
     problems = task.problems("train", 1000, 0)
     check_prompts_fit(tokenizer, problems, 768, 512)
