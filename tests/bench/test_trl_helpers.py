@@ -140,7 +140,13 @@ def test_longtail_workload_settings(tmp_path):
         512,
     )
     config = run_config(s, tmp_path, None, "relayrl_sync")
-    assert config.task.params == {"min_steps": 2, "max_steps": 40, "tail": 0.85}
+    assert config.task.params == {
+        "min_steps": 2,
+        "max_steps": 40,
+        "tail": 0.85,
+        "max_value": 20,
+        "max_operand": 3,
+    }
     assert (config.model.preset, config.model.max_context) == ("tiny", 768)
     assert (config.rollout.max_new_tokens, config.eval.max_new_tokens) == (512, 512)
     assert (config.rollout.eta, config.name, config.algo.dynamic_sampling) == (
