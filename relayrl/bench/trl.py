@@ -841,6 +841,8 @@ def run(args: argparse.Namespace) -> int:
             "relayrl_vs_trl_time_to_target is the ratio of means over the seeds: TRL's mean "
             "time to target / relayrl async's"
         )
+        if not target.improved:
+            print("note: some run never beat the base model: this ratio measures nothing")
         if args.quick:
             print(SMOKE)
         print(f"relayrl_vs_trl_time_to_target={final[0]:.2f}")
