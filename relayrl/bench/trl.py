@@ -204,7 +204,9 @@ class SideResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run (< 1 minute): {SMOKE}")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test, < 1 minute idle (not a measurement)"
+    )
     parser.add_argument(
         "--workload",
         default="demo",
