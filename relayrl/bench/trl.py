@@ -1,23 +1,32 @@
 """``relayrl bench trl``: TRL's ``GRPOTrainer`` against relayrl (async η = 4 and sync η = 0).
 
-Owns the side-by-side benchmark: one SFT base model directory, the demo's task, reward
+Owns the side-by-side benchmark: one SFT base model directory, one workload's task, reward
 function, B (prompts per step), n (group size), completion budget, AdamW (same lr, betas,
 weight decay, the same warm-up schedule object) and clip ranges; each side trains in its own
 spawned process, one after the other, while this process samples the RSS of that process
 tree (psutil; rollout servers and grading workers included) for the peak memory.
 
+Workloads (``--workload``): ``demo``, the demo's task and budget (short completions), and
+``longtail``, arithmetic chains whose lengths have a long tail (up to 512 completion tokens)
+so that generation dominates and a padded ``model.generate`` batch waits for its longest
+member. Without ``--model`` the benchmark builds the workload's own SFT base once (seed 0)
+under ``--out`` and reuses it for every seed and later runs with the same settings.
+
 Held-out pass@1 is measured the same way on every side: relayrl's evaluator
 (``relayrl.train.loop.evaluate_model``, T = 1) on the same held-out problems every
 ``--eval-every`` steps (relayrl's own periodic evaluation; a ``TrainerCallback`` for TRL).
 **Evaluation time is excluded** from every side's wall clock; relayrl's clock starts when its
-rollout servers are up, TRL's at ``on_train_begin``. Outputs (``--out``, default
-``runs/bench_trl``): ``trl_bench.csv`` (side, step, elapsed_s, pass@1), ``trl_bench.json``
-(figures, settings and what differs) and ``trl_pass_vs_time.png``. The last printed line is
-``relayrl_vs_trl_time_to_target=X.XX`` (TRL's time / relayrl async's time).
+rollout servers are up, TRL's at ``on_train_begin``. Every side runs once per ``--seeds``
+seed; the target rule and the mean ± std over seeds are :mod:`relayrl.bench.trl_target`'s.
+Outputs (``--out``, default ``runs/bench_trl``): ``trl_bench.csv`` (side, seed, step,
+elapsed_s, pass@1), ``trl_bench.json`` (figures, settings, target rule and what differs) and
+``trl_pass_vs_time.png``. The last printed line is ``relayrl_vs_trl_time_to_target=X.XX``:
+TRL's mean time to target over the seeds / relayrl async's mean.
 
 TRL is the ``bench`` extra (``pip install -e .[bench]``), imported only inside the TRL
-side's process. Imports: config loader, tasks, rewards, model loading, the SFT job and the RL
-job (``relayrl.train``), matplotlib for the plot.
+side's process. Imports: config loader, tasks, rewards, model loading, the engine (for the
+base model's completion lengths), the SFT job and the RL job (``relayrl.train``), matplotlib
+for the plot.
 """
 
 from __future__ import annotations
@@ -30,6 +39,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from relayrl.bench.trl_target import (
+    SideSummary,
+    Target,
+    common_target,
+    fixed_target,
+    percentiles,
+    ratio_of_means,
+    summarize,
+    time_to_target,
+)
 from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
 from relayrl.report.logs import read_jsonl
@@ -42,6 +61,10 @@ ASYNC_THREADS = {"server": 1, "trainer": 1}  # η = 4: generation and training o
 SYNC_THREADS = {"server": 2, "trainer": 2}  # η = 0: the phases alternate, each may use both
 SIDES = ("relayrl_async", "relayrl_sync", "trl")
 RSS_POLL_S = 0.2
+SFT_SEED = 0  # the benchmark's own SFT base is built once and shared by every seed
+DEFAULT_TARGET_FRACTION = 0.8
+SMOKE = "smoke test: not a measurement"
+PROMPTS_CHECKED = 256  # longest train prompts (by characters) checked against the context
 
 # What cannot be matched exactly; printed and written to trl_bench.json (docs/trl.md).
 DIFFERENCES = [
@@ -58,6 +81,8 @@ DIFFERENCES = [
     "split with different generators",
     "generation: relayrl's continuous-batching engine in rollout-server processes vs TRL's "
     "transformers model.generate (padded batch) in the trainer process",
+    "training batch: relayrl packs micro-batches of similar length (optim.micro_batch_tokens); "
+    "TRL computes the step on one batch padded to its longest prompt + completion",
     "threads: relayrl async 1 server + 1 trainer thread, relayrl sync 2 + 2 (phases "
     "alternate), TRL torch.set_num_threads(2); relayrl also runs 1 grading process",
     "clock: relayrl's starts after its rollout servers are healthy (startup excluded), "
@@ -67,16 +92,95 @@ DIFFERENCES = [
 
 @dataclass(frozen=True, kw_only=True)
 class Settings(RunBudget):
-    """One benchmark's shared settings (every side reads these)."""
+    """One benchmark's shared settings (every side reads these). ``target`` None: the
+    common rule (``target_fraction`` of the way from base to the worst run's best)."""
 
-    target: float
+    workload: str = "demo"
+    target: float | None = None
+    target_fraction: float = DEFAULT_TARGET_FRACTION
     seed: int = 0
-    extra_overrides: tuple[str, ...] = ()
+    extra_overrides: tuple[str, ...] = ()  # the workload's task and model settings
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark workload: its budget (full and ``--quick``), the task and model settings
+    every side and the SFT base read, and the settings of its own SFT warm start."""
+
+    name: str
+    full: Settings
+    quick: Settings
+    sft: tuple[str, ...] = ()
+    quick_sft: tuple[str, ...] = ("sft.steps=40", "sft.batch_size=32", "eval.num_problems=16")
+    about: str = ""
+
+
+DEMO = Workload(
+    "demo",
+    full=Settings(
+        steps=80,
+        prompts_per_step=16,
+        n_samples=8,
+        max_new_tokens=80,
+        eval_every=5,
+        eval_problems=200,
+        eval_max_new_tokens=160,
+    ),
+    quick=Settings(
+        steps=2,
+        prompts_per_step=4,
+        n_samples=4,
+        max_new_tokens=48,
+        eval_every=2,
+        eval_problems=16,
+        eval_max_new_tokens=48,
+    ),
+    about="the demo's arithmetic task (2-6 steps, ~35 completion tokens) and budget",
+)
+
+# Arithmetic chains of 2 + Geometric(0.85) steps, capped at 40: about 9 tokens per step, so
+# a median completion of ~55 tokens and a tail to ~400; prompts grow with the chain (up to
+# ~180 tokens), hence the 768-token context that fits the longest prompt + 512 new tokens.
+# Values ≤ 20 and operands ≤ 3 keep the arithmetic small enough for a short SFT of the tiny
+# model to learn (with the demo's 30 / 5, 800 × 32 SFT steps gave base pass@1 0.055).
+LONGTAIL_CONFIG = (
+    "task.params.min_steps=2",
+    "task.params.max_steps=40",
+    "task.params.tail=0.85",
+    "task.params.max_value=20",
+    "task.params.max_operand=3",
+    "model.preset=tiny",
+    "model.max_context=768",
+)
+LONGTAIL = Workload(
+    "longtail",
+    full=replace(
+        DEMO.full,
+        workload="longtail",
+        steps=40,
+        prompts_per_step=8,
+        max_new_tokens=512,
+        eval_max_new_tokens=512,
+        extra_overrides=LONGTAIL_CONFIG,
+    ),
+    quick=replace(
+        DEMO.quick,
+        workload="longtail",
+        max_new_tokens=128,
+        eval_max_new_tokens=128,
+        extra_overrides=LONGTAIL_CONFIG,
+    ),
+    sft=("sft.steps=1000", "sft.batch_size=32", "sft.wrong_fraction=0.3"),
+    quick_sft=("sft.steps=20", "sft.batch_size=16", "eval.num_problems=16"),
+    about="arithmetic chains of 2 + Geometric(0.85) steps up to 40, values ≤ 20, operands "
+    "≤ 3 (long-tail completion lengths, budget 512 tokens), tiny preset, 768-token context",
+)
+WORKLOADS = {w.name: w for w in (DEMO, LONGTAIL)}
 
 
 @dataclass
 class SideResult:
-    """What one side measured. ``curve``: (step, elapsed_s without eval, pass@1)."""
+    """What one side measured at one seed. ``curve``: (step, elapsed_s without eval, pass@1)."""
 
     side: str
     curve: list[tuple[int, float, float]]
@@ -84,6 +188,7 @@ class SideResult:
     samples: int
     peak_rss_mb: float = 0.0
     process_seconds: float = 0.0
+    seed: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -92,19 +197,40 @@ class SideResult:
     def time_to_target(self, target: float) -> tuple[float, bool]:
         """(seconds until pass@1 first ≥ target after training began, reached); else
         (total time, False). The base model's evaluation (step 0) does not count."""
-        for step, elapsed, p in self.curve:
-            if step > 0 and p >= target:
-                return elapsed, True
-        return self.train_seconds, False
+        return time_to_target(self.curve, self.train_seconds, target)
 
 
 # --------------------------------------------------------------------------- CLI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a smoke run (< 1 minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test, < 1 minute idle (not a measurement)"
+    )
+    parser.add_argument(
+        "--workload",
+        default="demo",
+        choices=sorted(WORKLOADS),
+        help="demo: the demo's task and budget; longtail: long-tail completion lengths "
+        "(budget 512 tokens) where generation dominates (default: demo)",
+    )
     parser.add_argument("--model", default=None, help="SFT base model directory (default: SFT)")
-    parser.add_argument("--target", type=float, default=None, help="held-out pass@1 target")
+    parser.add_argument(
+        "--seeds", default="0", help="comma-separated seeds; every side runs once per seed"
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="a fixed held-out pass@1 target (default: the common rule, --target-fraction)",
+    )
+    parser.add_argument(
+        "--target-fraction",
+        type=float,
+        default=DEFAULT_TARGET_FRACTION,
+        help="target = base + this fraction of the way to the worst run's best pass@1, "
+        f"reached by every run (default {DEFAULT_TARGET_FRACTION})",
+    )
     parser.add_argument("--steps", type=int, default=None, help="training steps per side")
     parser.add_argument("--eval-every", type=int, default=None, help="steps between evals")
     parser.add_argument("--eval-problems", type=int, default=None, help="held-out problems")
@@ -116,35 +242,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def workload_of(args: argparse.Namespace) -> Workload:
+    name = getattr(args, "workload", "demo")
+    if name not in WORKLOADS:
+        raise RelayError(f"--workload: unknown {name!r}; choose from {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The demo's workload (B 16, n 8, 80 tokens, 80 steps), or a tiny one for --quick."""
-    if args.quick:
-        s = Settings(
-            steps=2,
-            prompts_per_step=4,
-            n_samples=4,
-            max_new_tokens=48,
-            eval_every=2,
-            eval_problems=16,
-            eval_max_new_tokens=48,
-            target=0.1,
-        )
-    else:
-        s = Settings(
-            steps=80,
-            prompts_per_step=16,
-            n_samples=8,
-            max_new_tokens=80,
-            eval_every=5,
-            eval_problems=200,
-            eval_max_new_tokens=160,
-            target=0.8,
-        )
+    """The workload's budget (its tiny one for ``--quick``) with the given overrides."""
+    w = workload_of(args)
+    s = w.quick if args.quick else w.full
     given = {
         "steps": args.steps,
         "eval_every": args.eval_every,
         "eval_problems": args.eval_problems,
         "target": args.target,
+        "target_fraction": getattr(args, "target_fraction", None),
     }
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
     for name, value in (("steps", s.steps), ("eval_every", s.eval_every)):
@@ -152,8 +266,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             raise RelayError(f"--{name.replace('_', '-')} must be ≥ 1 (got {value})")
     if s.eval_problems < 1:
         raise RelayError(f"--eval-problems must be ≥ 1 (got {s.eval_problems})")
-    if not 0 < s.target <= 1:
+    if s.target is not None and not 0 < s.target <= 1:
         raise RelayError(f"--target must be in (0, 1] (got {s.target})")
+    if not 0 < s.target_fraction <= 1:
+        raise RelayError(f"--target-fraction must be in (0, 1] (got {s.target_fraction})")
     return s
 
 
@@ -180,15 +296,26 @@ def check_trl() -> None:
 # --------------------------------------------------------------------------- config
 
 
-def run_config(s: Settings, out: Path, model_dir: Path | None, side: str = "relayrl_async"):
-    """The demo's embedded config at the benchmark's settings for one relayrl side (also the
-    source of task, eval and optimizer settings for the TRL side)."""
+def run_name(side: str, seed: int) -> str:
+    return f"{side}_seed{seed}"
+
+
+def run_config(
+    s: Settings,
+    out: Path,
+    model_dir: Path | None,
+    side: str = "relayrl_async",
+    extra: tuple[str, ...] = (),
+):
+    """The demo's embedded config with the workload's settings and the benchmark's budget for
+    one relayrl side at ``s.seed`` (also the source of task, eval and optimizer settings for
+    the TRL side, and of the SFT base's config with ``extra`` = the SFT settings)."""
     from relayrl.config.loader import load_config
 
     eta, threads = (4, ASYNC_THREADS) if side == "relayrl_async" else (0, SYNC_THREADS)
     overrides = [
         f"output_dir={out / 'runs'}",
-        f"name={side}",
+        f"name={run_name(side, s.seed)}",
         f"seed={s.seed}",
         *([f"model.path={model_dir}"] if model_dir else []),
         f"rollout.eta={eta}",
@@ -196,26 +323,107 @@ def run_config(s: Settings, out: Path, model_dir: Path | None, side: str = "rela
         f"train.trainer_threads={threads['trainer']}",
         *s.overrides(),
         *s.extra_overrides,
+        *extra,
     ]
     return load_config(None, overrides)
 
 
+def sft_fingerprint(config) -> str:
+    """What decides an SFT base: the task, model and SFT sections and the seed."""
+    return json.dumps(
+        config.model_dump(mode="json", include={"seed", "task", "model", "sft"}), sort_keys=True
+    )
+
+
 def base_model(args: argparse.Namespace, s: Settings, out: Path) -> Path:
-    """``--model``, else an SFT warm start (the demo's; a short one for ``--quick``)."""
+    """``--model``, else the workload's SFT warm start (a short one for ``--quick``), built
+    once under ``--out`` and reused while its task, model and SFT settings are unchanged."""
     if args.model:
         from relayrl.models.loading import check_model_dir
 
         return Path(check_model_dir(args.model))
     from relayrl.train.sft import run_sft
 
-    quick = ["sft.steps=40", "sft.batch_size=32", "eval.num_problems=16"] if args.quick else []
-    config = run_config(replace(s, extra_overrides=tuple(quick)), out, None, side="sft").model_copy(
-        update={"name": "sft"}
+    w = workload_of(args)
+    sft = w.quick_sft if args.quick else w.sft
+    name = f"sft_{w.name}{'_quick' if args.quick else ''}"
+    config = run_config(replace(s, seed=SFT_SEED), out, None, "sft", sft).model_copy(
+        update={"name": name}
     )
+    run_dir = out / "runs" / name
+    model_dir, key_file = run_dir / "sft_model", run_dir / "sft_fingerprint.json"
+    key = sft_fingerprint(config)
+    if (model_dir / "config.json").is_file() and key_file.is_file():
+        if key_file.read_text() == key:
+            base = json.loads((run_dir / "sft_summary.json").read_text())["base_pass@1"]
+            print(f"sft warm start: reusing {model_dir} (base_pass@1={base:.2f})")
+            return model_dir
+    key_file.unlink(missing_ok=True)
     start = time.perf_counter()
     base = run_sft(config, progress=False)
+    key_file.write_text(key)
     print(f"sft warm start: base_pass@1={base:.2f} ({time.perf_counter() - start:.0f} s)")
-    return out / "runs" / "sft" / "sft_model"
+    return model_dir
+
+
+def check_prompts_fit(tokenizer, problems, max_context: int, max_new_tokens: int) -> None:
+    """relayrl skips a train prompt whose tokens + ``max_new_tokens`` exceed
+    ``model.max_context`` and TRL would not: fail instead of comparing different prompts.
+    Only the ``PROMPTS_CHECKED`` longest prompts by characters are tokenized (fast)."""
+    from relayrl.models.loading import encode_prompt
+
+    candidates = sorted(problems, key=lambda p: len(p.prompt))[-PROMPTS_CHECKED:]
+    longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in candidates)
+    if longest + max_new_tokens > max_context:
+        raise RelayError(
+            f"model.max_context {max_context} is too small: the longest train prompt has "
+            f"{longest} tokens + {max_new_tokens} new tokens; relayrl would skip it, TRL not"
+        )
+
+
+def base_lengths(model_dir: Path, s: Settings, out: Path) -> dict[str, float]:
+    """Completion lengths (tokens generated, EOS included) of the base model on the first
+    ``eval_problems`` train prompts at the RL budget (T = 1, ``max_new_tokens``): what the
+    sides generate at step 0. Percentiles, the mean and the fraction truncated."""
+    import statistics
+
+    import torch
+
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.types import SamplingParams
+    from relayrl.eval.evaluate import generate_all, request_seed
+    from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
+    from relayrl.tasks.registry import make_task
+
+    torch.set_num_threads(TRL_THREADS)
+    config = run_config(s, out, model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, config.model.device, config.model.dtype).eval()
+    task = make_task(config.task.name, config.task.params)
+    check_prompts_fit(
+        tokenizer,
+        task.problems("train", config.task.train_size, config.task.seed),
+        config.model.max_context,
+        s.max_new_tokens,
+    )
+    problems = task.problems("train", s.eval_problems, config.task.seed)
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    params = [
+        SamplingParams(max_new_tokens=s.max_new_tokens, seed=request_seed(s.seed, i, 0))
+        for i in range(len(prompts))
+    ]
+    with Engine(model, tokenizer) as engine:
+        results = generate_all(engine, prompts, params, progress=False)
+    lengths = [len(r.output_ids) for r in results if r is not None]
+    if not lengths:
+        raise RelayError(f"no train prompt fits model.max_context {config.model.max_context}")
+    truncated = sum(r.finish_reason == "length" for r in results if r is not None)
+    return {
+        **percentiles(lengths),
+        "mean": statistics.fmean(lengths),
+        "truncated": truncated / len(lengths),
+        "prompts": len(lengths),
+    }
 
 
 # --------------------------------------------------------------------------- sides (child)
@@ -227,7 +435,7 @@ def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideRes
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
-    return relayrl_curve(side, rows, s.samples_per_step)
+    return replace(relayrl_curve(side, rows, s.samples_per_step), seed=s.seed)
 
 
 def relayrl_curve(side: str, rows: list[dict[str, Any]], samples_per_step: int) -> SideResult:
@@ -316,7 +524,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     )
     algo = config.algo
     args = GRPOConfig(
-        output_dir=str(out / "runs" / "trl"),
+        output_dir=str(out / "runs" / run_name("trl", s.seed)),
         use_cpu=True,
         seed=config.seed,
         max_steps=s.steps,
@@ -360,7 +568,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     trainer.train()
     evaluate(s.steps)
     train_s = curve[-1][1]
-    return SideResult("trl", curve, train_s, s.steps * s.samples_per_step)
+    return SideResult("trl", curve, train_s, s.steps * s.samples_per_step, seed=s.seed)
 
 
 def _side_main(side: str, s: Settings, out: Path, model_dir: Path, result_path: Path) -> None:
@@ -396,7 +604,7 @@ def run_side(side: str, s: Settings, out: Path, model_dir: Path) -> SideResult:
     except ImportError as exc:
         raise RelayError("relayrl bench trl needs psutil: pip install -e '.[bench]'") from exc
 
-    result_path = out / f"{side}_result.json"
+    result_path = out / f"{run_name(side, s.seed)}_result.json"
     result_path.unlink(missing_ok=True)
     proc = multiprocessing.get_context("spawn").Process(
         target=_side_main, args=(side, s, out, model_dir, result_path), name=f"bench-{side}"
@@ -431,24 +639,59 @@ def run_side(side: str, s: Settings, out: Path, model_dir: Path) -> SideResult:
         r["samples"],
         peak / 2**20,
         r["process_seconds"],
+        r["seed"],
     )
     return result
 
 
-def compare(trl: tuple[float, bool], relay: tuple[float, bool]) -> tuple[float, str, str]:
-    """(TRL time / relayrl time, its bound sign, a note). A side that never reached the
-    target contributes its total time, a lower bound of its time to target."""
-    ratio = trl[0] / max(relay[0], 1e-9)
-    if trl[1] and relay[1]:
-        return ratio, "", ""
-    if not trl[1] and relay[1]:
-        return ratio, ">", "TRL did not reach the target: its total time is a lower bound"
-    if trl[1] and not relay[1]:
-        return ratio, "<", "relayrl did not reach the target: its total time is a lower bound"
-    return ratio, "?", "neither side reached the target: the ratio of total times, no bound"
+def choose_target(results: list[SideResult], s: Settings) -> Target:
+    """``--target`` if given, else the common rule over every run of every side."""
+    if s.target is not None:
+        return fixed_target(s.target)
+    return common_target([r.curve for r in results], s.target_fraction)
 
 
-def write_outputs(results: list[SideResult], s: Settings, out: Path, extra: dict) -> Path:
+def side_summaries(
+    results: list[SideResult], target: float, sides: list[str]
+) -> dict[str, SideSummary]:
+    """Each side's mean ± std over its seeds of time to ``target`` and samples/s."""
+    return {
+        side: summarize(
+            side,
+            [
+                (r.seed, *r.time_to_target(target), r.samples_per_s)
+                for r in results
+                if r.side == side
+            ],
+        )
+        for side in sides
+    }
+
+
+def _run_figures(r: SideResult, target: float) -> dict[str, Any]:
+    t, reached = r.time_to_target(target)
+    return {
+        "side": r.side,
+        "seed": r.seed,
+        "time_to_target_s": t,
+        "reached": reached,
+        "train_seconds": r.train_seconds,
+        "samples": r.samples,
+        "samples_per_s": r.samples_per_s,
+        "peak_rss_mb": r.peak_rss_mb,
+        "process_seconds": r.process_seconds,
+        "curve": r.curve,
+    }
+
+
+def write_outputs(
+    results: list[SideResult],
+    s: Settings,
+    target: Target,
+    summaries: dict[str, SideSummary],
+    out: Path,
+    extra: dict,
+) -> Path:
     """CSV of every evaluation, JSON of the figures, PNG of pass@1 against wall clock."""
     import matplotlib
 
@@ -457,34 +700,36 @@ def write_outputs(results: list[SideResult], s: Settings, out: Path, extra: dict
 
     with (out / "trl_bench.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["side", "step", "elapsed_s", "pass@1"])
+        w.writerow(["side", "seed", "step", "elapsed_s", "pass@1"])
         for r in results:
             for step, elapsed, p in r.curve:
-                w.writerow([r.side, step, f"{elapsed:.3f}", f"{p:.4f}"])
-    figures = {
-        r.side: {
-            "time_to_target_s": r.time_to_target(s.target)[0],
-            "reached": r.time_to_target(s.target)[1],
-            "train_seconds": r.train_seconds,
-            "samples": r.samples,
-            "samples_per_s": r.samples_per_s,
-            "peak_rss_mb": r.peak_rss_mb,
-            "process_seconds": r.process_seconds,
-            "curve": r.curve,
-        }
-        for r in results
+                w.writerow([r.side, r.seed, step, f"{elapsed:.3f}", f"{p:.4f}"])
+    doc = {
+        "settings": asdict(s),
+        "target": asdict(target),
+        "differences": DIFFERENCES,
+        "runs": [_run_figures(r, target.value) for r in results],
+        "sides": {side: asdict(summary) for side, summary in summaries.items()},
+        **extra,
     }
-    doc = {"settings": asdict(s), "differences": DIFFERENCES, "sides": figures, **extra}
     (out / "trl_bench.json").write_text(json.dumps(doc, indent=2))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     labels = {"relayrl_async": "relayrl async (η=4)", "relayrl_sync": "relayrl sync (η=0)"}
+    colours = {"relayrl_async": "tab:blue", "relayrl_sync": "tab:orange", "trl": "tab:green"}
+    labelled: set[str] = set()
     for r in results:
         xs, ys = [c[1] for c in r.curve], [c[2] for c in r.curve]
-        ax.plot(xs, ys, marker="o", ms=3, label=labels.get(r.side, f"TRL {TRL_VERSION} GRPO"))
-    ax.axhline(s.target, color="grey", ls="--", lw=0.8, label=f"target {s.target:g}")
+        label = None if r.side in labelled else labels.get(r.side, f"TRL {TRL_VERSION} GRPO")
+        labelled.add(r.side)
+        ax.plot(xs, ys, marker="o", ms=3, color=colours.get(r.side), alpha=0.8, label=label)
+    ax.axhline(target.value, color="grey", ls="--", lw=0.8, label=f"target {target.value:.3f}")
     ax.set_xlabel("wall-clock seconds (evaluation excluded)")
     ax.set_ylabel("held-out pass@1 (T = 1)")
-    ax.set_title(f"B={s.prompts_per_step}, n={s.n_samples}, {s.max_new_tokens} tokens")
+    seeds = sorted({r.seed for r in results})
+    ax.set_title(
+        f"{s.workload}: B={s.prompts_per_step}, n={s.n_samples}, {s.max_new_tokens} tokens, "
+        f"seeds {','.join(map(str, seeds))}"
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -494,60 +739,113 @@ def write_outputs(results: list[SideResult], s: Settings, out: Path, extra: dict
     return png
 
 
+def _print_run(r: SideResult, steps: int) -> None:
+    curve = " ".join(f"{step}:{p:.2f}" for step, _, p in r.curve)
+    print(
+        f"{r.side} seed {r.seed}: train_seconds={r.train_seconds:.1f} "
+        f"samples_per_s={r.samples_per_s:.1f} peak_rss_mb={r.peak_rss_mb:.0f} "
+        f"process_seconds={r.process_seconds:.1f} ({steps} steps) pass@1 by step {curve}",
+        flush=True,
+    )
+
+
+def _print_target(results: list[SideResult], target: Target, summaries) -> None:
+    print(f"target rule: {target.rule}")
+    if not target.improved:
+        print("warning: some run never beat the base model: time to target measures nothing")
+    for r in results:
+        t, reached = r.time_to_target(target.value)
+        state = "reached" if reached else "not reached: total time, a lower bound"
+        print(
+            f"  {r.side} seed {r.seed}: time_to_target={'' if reached else '>'}{t:.1f}s ({state})"
+        )
+    for side, summary in summaries.items():
+        print(
+            f"{side}: time_to_target {summary.time_to_target} s"
+            f"{'' if summary.reached_all else ' (some seed did not reach it: a lower bound)'}, "
+            f"samples_per_s {summary.samples_per_s} (mean ± std over seeds "
+            f"{','.join(map(str, summary.seeds))})"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from relayrl.bench.demo import parse_seeds
+
     s = settings_from_args(args)
     sides = parse_sides(args.sides)
+    seeds = parse_seeds(args.seeds)
     if "trl" in sides:
         check_trl()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        print(f"bench trl --quick: {SMOKE} (tiny settings, a few steps)")
     load = os.getloadavg()[0]
     model_dir = base_model(args, s, out)
+    lengths = base_lengths(model_dir, s, out)
+    rule = (
+        f"fixed target {s.target:g}"
+        if s.target is not None
+        else f"target {s.target_fraction:g} of the way from base to the worst run's best"
+    )
     print(
-        f"bench trl: model={model_dir} steps={s.steps} B={s.prompts_per_step} n={s.n_samples} "
+        f"bench trl: workload={s.workload} ({workload_of(args).about}) model={model_dir} "
+        f"steps={s.steps} B={s.prompts_per_step} n={s.n_samples} "
         f"max_new_tokens={s.max_new_tokens} eval every {s.eval_every} steps on "
-        f"{s.eval_problems} held-out problems, target pass@1 {s.target:g}, "
+        f"{s.eval_problems} held-out problems, {rule}, seeds {','.join(map(str, seeds))}, "
         f"load average {load:.2f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"base model completion tokens on {lengths['prompts']} train prompts (T = 1, budget "
+        f"{s.max_new_tokens}): p50 {lengths['p50']} p90 {lengths['p90']} max {lengths['max']} "
+        f"mean {lengths['mean']:.1f}, truncated {lengths['truncated']:.1%}"
     )
     for line in DIFFERENCES:
         print(f"  differs: {line}")
     results: list[SideResult] = []
-    for side in sides:
-        r = run_side(side, s, out, model_dir)
-        results.append(r)
-        if r.curve and r.curve[0][0] == 0 and r.curve[0][2] >= s.target:
-            print(f"warning: the base model's pass@1 {r.curve[0][2]:.2f} is already ≥ the target")
-        t, reached = r.time_to_target(s.target)
-        curve = " ".join(f"{step}:{p:.2f}" for step, _, p in r.curve)
-        print(
-            f"{side}: time_to_target={'' if reached else '>'}{t:.1f}s "
-            f"({'reached' if reached else 'not reached in ' + str(s.steps) + ' steps'}) "
-            f"train_seconds={r.train_seconds:.1f} samples_per_s={r.samples_per_s:.1f} "
-            f"peak_rss_mb={r.peak_rss_mb:.0f} process_seconds={r.process_seconds:.1f} "
-            f"pass@1 by step {curve}",
-            flush=True,
-        )
-    by = {r.side: r for r in results}
-    extra: dict[str, Any] = {"model": str(model_dir), "load_average_start": load}
+    for seed in seeds:
+        for side in sides:
+            r = run_side(side, replace(s, seed=seed), out, model_dir)
+            results.append(r)
+            _print_run(r, s.steps)
+    target = choose_target(results, s)
+    summaries = side_summaries(results, target.value, sides)
+    _print_target(results, target, summaries)
+    extra: dict[str, Any] = {
+        "model": str(model_dir),
+        "load_average_start": load,
+        "seeds": seeds,
+        "base_completion_tokens": lengths,
+        "quick": bool(args.quick),
+    }
     final: tuple[float, str, str] | None = None
-    if "trl" in by:
-        trl_t = by["trl"].time_to_target(s.target)
+    if "trl" in summaries:
         for side in ("relayrl_sync", "relayrl_async"):
-            if side in by:
-                ratio, sign, note = compare(trl_t, by[side].time_to_target(s.target))
-                extra[f"{side}_vs_trl"] = {"ratio": ratio, "bound": sign, "note": note}
+            if side in summaries:
+                ratio, sign, note = ratio_of_means(summaries["trl"], summaries[side])
+                extra[f"{side}_vs_trl"] = {"ratio_of_means": ratio, "bound": sign, "note": note}
                 print(
-                    f"{side}_vs_trl_time_to_target {sign}{ratio:.2f}{' (' + note + ')' if note else ''}"
+                    f"{side}_vs_trl_time_to_target {sign}{ratio:.2f}"
+                    f"{' (' + note + ')' if note else ''}"
                 )
                 if side == "relayrl_async":
                     final = (ratio, sign, note)
-    png = write_outputs(results, s, out, extra)
+    png = write_outputs(results, s, target, summaries, out, extra)
     print(f"written: {out / 'trl_bench.csv'}, {out / 'trl_bench.json'}")
     print(f"plot: {png}")
     if final is not None:
         if final[1]:
             print(f"note: relayrl_vs_trl_time_to_target is a bound ({final[1]}): {final[2]}")
+        print(f"seeds: {','.join(map(str, seeds))}")
+        print(
+            "relayrl_vs_trl_time_to_target is the ratio of means over the seeds: TRL's mean "
+            "time to target / relayrl async's"
+        )
+        if not target.improved:
+            print("note: some run never beat the base model: this ratio measures nothing")
+        if args.quick:
+            print(SMOKE)
         print(f"relayrl_vs_trl_time_to_target={final[0]:.2f}")
     return 0
