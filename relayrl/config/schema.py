@@ -52,14 +52,19 @@ class ModelConfig(Section):
 class SFTConfig(Section):
     """The SFT warm start (`relayrl sft`)."""
 
-    steps: int = Field(1200, gt=0, description="optimizer steps")
+    steps: int = Field(
+        1800,
+        gt=0,
+        description="optimizer steps (fewer leave some seeds without the long-chain lookup: "
+        "docs/demo.md)",
+    )
     batch_size: int = Field(64, gt=0, description="sequences per step")
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     wrong_fraction: float = Field(
-        0.5,
+        0.6,
         ge=0,
         le=1,
         description="fraction of demonstrations with one wrong step (sets base pass@1)",
@@ -306,7 +311,7 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
-    total_steps: int = Field(80, gt=0, description="optimizer steps (trainer versions)")
+    total_steps: int = Field(120, gt=0, description="optimizer steps (trainer versions)")
     publish_every: int = Field(
         1, gt=0, description="publish weights to the servers every k steps (capped at η + 1)"
     )

@@ -156,6 +156,7 @@ def train_args(model_dir: Path, out: Path, *overrides: str) -> list[str]:
         "rollout.max_new_tokens=16", "algo.dynamic_sampling=false", "train.eval_every=0",
         "train.progress=false", "eval.num_problems=4", "eval.max_new_tokens=16",
         "train.trainer_threads=1", "runtime.threads=1", "launcher=ray",
+        "rollout.startup_timeout_s=300",  # a loaded machine starts an actor slowly (120 s seen)
         f"ray.address=127.0.0.1:{PORT}", *overrides,
     ]  # fmt: skip
 
@@ -253,7 +254,7 @@ def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_mo
     )  # fmt: skip
     local = graded(train_args(tiny_model_dir, tmp_path, "name=local", *common, "launcher=local"))
     on_ray = graded(train_args(tiny_model_dir, tmp_path, "name=ray", *common))
-    done = cluster.run(f"{shell(local)} && {shell(on_ray)}", timeout=300)
+    done = cluster.run(f"{shell(local)} && {shell(on_ray)}", timeout=540)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert (tmp_path / "ray" / "cluster.json").is_file()  # the servers were Ray actors
     assert not (tmp_path / "local" / "cluster.json").exists()

@@ -28,11 +28,10 @@ EPISODE_CHARTS = {"episodes"}  # multi-turn runs only
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory, tiny_model_dir) -> Path:
-    """A real 3-step asynchronous run (η = 1) of the tiny model."""
+    """A real 3-step asynchronous run (η = 1) of the tiny model, drift metrics on."""
     tmp = tmp_path_factory.mktemp("report_run")
-    run_train(
-        rl_config(tmp, tiny_model_dir, "rollout.eta=1", "train.eval_every=2"), grader=parity_grader
-    )
+    overrides = ("rollout.eta=1", "train.eval_every=2", "train.drift_metrics=true")
+    run_train(rl_config(tmp, tiny_model_dir, *overrides), grader=parity_grader)
     return tmp / "run"
 
 
