@@ -358,6 +358,7 @@ def short_run_config(tmp_path: Path, model_dir: Path, url: str):
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
         "rollout.max_new_tokens=16",
+        "rollout.eta=0",  # step 2 waits for the publication of version 1: it always completes
         "algo.dynamic_sampling=false",
         "train.total_steps=2",
         "train.eval_every=0",

@@ -91,6 +91,10 @@ def test_dying_rollout_server_stops_the_run_naming_it(tmp_path, tiny_model_dir):
     assert time.monotonic() - start < 120
 
 
+def trained_a_step(metrics: Path) -> bool:
+    return metrics.exists() and '"train_tokens"' in metrics.read_text()
+
+
 def test_sigint_stops_every_server_child(tmp_path, tiny_model_dir):
     args = [
         f"output_dir={tmp_path}",
@@ -119,8 +123,8 @@ def test_sigint_stops_every_server_child(tmp_path, tiny_model_dir):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             servers = [p for p in children_of(proc.pid) if is_serve(p)]
-            if len(servers) == 2 and (tmp_path / "run" / "metrics.jsonl").exists():
-                break
+            if len(servers) == 2 and trained_a_step(tmp_path / "run" / "metrics.jsonl"):
+                break  # training: the run's stop handler is installed
             assert proc.poll() is None, proc.stdout.read().decode()
             time.sleep(0.2)
         assert len(servers) == 2
