@@ -53,7 +53,8 @@ class LossConfig:
 
     - ``loss``: the name of a registered :class:`PolicyLoss`: ``"ppo"`` (ratio π_θ/μ; sync
       PPO at η = 0, naive async "bypass" at η > 0), ``"decoupled"`` (AReaL:
-      ``w = sg(π_prox/μ)``, ``u = π_θ/π_prox``) or one added with :func:`register_loss`.
+      ``w = sg(π_prox/μ)``, ``u = π_θ/π_prox``), ``"recompute"`` (decoupled with ``w ≡ 1``:
+      AReaL's non-decoupled baseline) or one added with :func:`register_loss`.
     - ``eps_low`` / ``eps_high``: clip range ``[1 − eps_low, 1 + eps_high]`` (DAPO
       clip-higher when ``eps_high > eps_low``).
     - ``dual_clip``: constant ``c > 1``; for ``A < 0`` the token loss is capped at ``−c·A``.
@@ -373,6 +374,23 @@ class DecoupledLoss(PolicyLoss):
         return TokenLoss(weight * pg, ratio, clip_hit, dual_hit, anchor=inputs.prox, stats=stats)
 
 
+class RecomputeLoss(PolicyLoss):
+    """AReaL's baseline without the decoupled loss but with recomputed logprobs
+    (``use_decoupled_loss=false, recompute_logprob=true``): the trainer's π_prox replaces μ
+    as the old policy, ``ℓ = −min(u·A, clip(u)·A)``, ``u = π_θ/π_prox``, and no behaviour
+    weight. It is decoupled PPO with ``w ≡ 1``: the trust region moves to π_prox, the
+    staleness of μ goes uncorrected (biased, but never high-variance)."""
+
+    name = "recompute"
+    needs_prox = True
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        assert inputs.prox is not None
+        ratio = torch.exp(inputs.logprobs - inputs.prox)
+        loss, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg)
+        return TokenLoss(loss, ratio, clip_hit, dual_hit, anchor=inputs.prox)
+
+
 LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss)
 
 
@@ -388,6 +406,7 @@ def loss_class(name: str) -> type[PolicyLoss]:
 
 register_loss(PPOLoss)
 register_loss(DecoupledLoss)
+register_loss(RecomputeLoss)
 
 
 def policy_loss(

@@ -248,7 +248,8 @@ class AlgoConfig(Section):
         "decoupled",
         description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
         "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
-        "with u = π_θ/π_prox, w = π_prox/μ; or your own (docs/extending.md)",
+        "with u = π_θ/π_prox, w = π_prox/μ; recompute = AReaL's non-decoupled baseline "
+        "min(u·A, clip(u)·A) (π_prox replaces μ, no w); or your own (docs/extending.md)",
     )
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")

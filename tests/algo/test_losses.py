@@ -200,6 +200,45 @@ def test_decoupled_equals_ppo_when_behaviour_is_proximal() -> None:
         assert torch.equal(grads[0], grads[1])
 
 
+def test_recompute_is_decoupled_without_the_behaviour_weight() -> None:
+    """AReaL's recompute baseline: the clip around π_prox of decoupled PPO, w ≡ 1."""
+    g = torch.Generator().manual_seed(1)
+    behav = -torch.rand(3, 5, generator=g, dtype=F64) * 3
+    prox = behav + 0.5 * torch.randn(3, 5, generator=g, dtype=F64)  # a stale μ
+    theta = prox + 0.3 * torch.randn(3, 5, generator=g, dtype=F64)
+    adv = torch.randn(3, 5, generator=g, dtype=F64)
+    mask = torch.rand(3, 5, generator=g) > 0.2
+    outs = {}
+    for loss, log_w in (("recompute", None), ("decoupled", torch.zeros(3, 5, dtype=F64))):
+        logp = theta.clone().requires_grad_()
+        out = policy_loss(
+            logp,
+            behav,
+            adv,
+            mask,
+            LossConfig(loss=loss),
+            7.0,
+            prox_logprobs=prox,
+            log_is_weight=log_w,
+        )
+        out.loss.backward()
+        outs[loss] = (out.loss.item(), logp.grad)
+    assert outs["recompute"][0] == outs["decoupled"][0]
+    assert torch.equal(outs["recompute"][1], outs["decoupled"][1])
+    # and by hand on one token: u = e^{0.1}, A = 1 → ℓ = −min(u, 1.28)·1 = −e^{0.1}
+    one = torch.ones(1, 1, dtype=torch.bool)
+    out = policy_loss(
+        torch.tensor([[-1.0]], dtype=F64),
+        torch.tensor([[-3.0]], dtype=F64),  # μ far away: ignored
+        torch.tensor([[1.0]], dtype=F64),
+        one,
+        LossConfig(loss="recompute"),
+        1.0,
+        prox_logprobs=torch.tensor([[-1.1]], dtype=F64),
+    )
+    assert out.loss.item() == pytest.approx(-math.exp(0.1))
+
+
 # --------------------------------------------------------------------------------- KL
 
 

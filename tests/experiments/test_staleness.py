@@ -21,10 +21,11 @@ def result(method: str, eta: int, seed: int, final: float, curve=None, **kw) -> 
 
 def test_plan_full_and_quick_grids():
     cells = plan.plan_cells(plan.FULL)
-    assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 2 * 3 + 3 * 3
+    assert len(cells) == len(set(cells)) == 6 * 3 * 3 + 2 * 3 * 3 + 3 * 3
     assert {c.eta for c in cells if c.method in plan.ABLATIONS} == {8}
     assert {c.eta for c in cells if c.method == "darl"} == {4, 8}
     assert {c.eta for c in cells if c.method == "decoupled_tis"} == {4, 8}
+    assert {c.eta for c in cells if c.method == "recompute"} == {4, 8}
     assert len({c.eta for c in cells if c.method == "decoupled_mask"}) == 6
     assert [c.name for c in plan.plan_cells(plan.QUICK)] == [
         "naive-eta0-seed0",
@@ -33,6 +34,7 @@ def test_plan_full_and_quick_grids():
         "naive-eta4-seed0",
         "decoupled-eta4-seed0",
         "decoupled_mask-eta4-seed0",
+        "recompute-eta4-seed0",
         "decoupled_tis-eta4-seed0",
         "darl-eta4-seed0",
     ]

@@ -59,7 +59,9 @@ def test_only_older_snapshots_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "v0", "v10", "v3", "vx"]
 
 
-@pytest.mark.parametrize(("loss", "minibatches"), [("ppo", 1), ("ppo", 2), ("decoupled", 1)])
+@pytest.mark.parametrize(
+    ("loss", "minibatches"), [("ppo", 1), ("ppo", 2), ("decoupled", 1), ("recompute", 1)]
+)
 def test_drift_metrics_equal_separate_passes_before_and_after(tiny_model_dir, loss, minibatches):
     """``drift_kl_k3`` and ``behav_prox_kl_k3`` are the k3 means of two plain no-grad passes
     around the step, for every loss; ``ppo`` in one AdamW step takes π_v from the update's own

@@ -18,6 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 PRESETS = {
     "naive": "async_naive.yaml",
+    "recompute": "async_recompute.yaml",
     "decoupled": "async_decoupled.yaml",
     "decoupled_tis": "async_decoupled_tis.yaml",
     "decoupled_mask": "async_decoupled_mask.yaml",
@@ -38,6 +39,7 @@ ABLATIONS = {
 
 LABELS = {
     "naive": "naive async",
+    "recompute": "recompute (AReaL's baseline: clip around π_prox, no w)",
     "decoupled": "decoupled PPO",
     "decoupled_tis": "decoupled PPO + token TIS (C = 2)",
     "decoupled_mask": "decoupled PPO + mask w > 5",
@@ -55,7 +57,7 @@ SHORT = {"naive": "naive", "decoupled": "decoupled", "decoupled_mask": "mask"}
 OVER_ETA = ("naive", "decoupled", "decoupled_mask")
 
 
-COMPARED = ("naive", "decoupled", "decoupled_tis", "decoupled_mask", "darl")
+COMPARED = ("naive", "recompute", "decoupled", "decoupled_tis", "decoupled_mask", "darl")
 
 
 # Budget fields that shape the grid or only some cells: not part of every cell's settings
