@@ -39,6 +39,7 @@ from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
 from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
+from relayrl.train.options import TrainerOptions
 from relayrl.train.rl import TrainResult
 from relayrl.train.trainer import RLTrainer
 
@@ -178,7 +179,7 @@ def _replay_loop(config: RunConfig, run_dir: Path, total_steps: int) -> Training
     tokenizer = load_tokenizer(model_dir)
     torch.manual_seed(config.seed)  # as run_train does before loading the model
     model = load_model(model_dir, config.model.device, config.model.dtype)
-    trainer = RLTrainer(model, config, pad_id=tokenizer.pad_token_id)
+    trainer = RLTrainer(model, TrainerOptions.from_config(config), pad_id=tokenizer.pad_token_id)
     task = make_task(config.task.name, config.task.params)
     test = task.problems("test", config.eval.num_problems, config.task.seed)
 
