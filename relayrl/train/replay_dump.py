@@ -34,6 +34,7 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import check_loggers
@@ -224,7 +225,7 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
         replay.trainer.model.save_pretrained(out)
         replay.tokenizer.save_pretrained(out)
     summary = {"replay_from": str(source), "steps": len(steps)}
-    summary["final_pass@1"] = final["eval_pass@1"] if final else None
+    summary["final_pass@1"] = final[EVAL_PASS_AT_1] if final else None
     summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     summary.update(drift_summary(run_dir / "metrics.jsonl"))
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))

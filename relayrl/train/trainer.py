@@ -56,6 +56,16 @@ from relayrl.algo.losses import (
     policy_loss,
 )
 from relayrl.algo.microbatch import pack_micro_batches
+from relayrl.metric_names import (
+    ESS_FRAC,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    STALENESS_MIN,
+    TIME_DRIFT_S,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+    TRAIN_TOKENS,
+)
 from relayrl.models.loading import prefer_shape_agnostic_attention
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.options import TrainerOptions
@@ -305,15 +315,17 @@ class RLTrainer:
         stats = combine_update_stats(updates)
         stats.update(extra)
         stats.update(
-            lr=self.scheduler.get_last_lr()[0],
-            optimizer_steps=float(len(updates)),
-            train_tokens=float(sum(t.num_tokens for t in trajs)),
-            staleness_min=float(min(stale)),
-            staleness_mean=sum(stale) / len(stale),
-            staleness_max=float(max(stale)),
-            time_prox_s=t1 - t0,
-            time_update_s=t2 - t1 - t_before,
-            time_drift_s=t_before + time.perf_counter() - t2,
+            {
+                "lr": self.scheduler.get_last_lr()[0],
+                "optimizer_steps": float(len(updates)),
+                TRAIN_TOKENS: float(sum(t.num_tokens for t in trajs)),
+                STALENESS_MIN: float(min(stale)),
+                STALENESS_MEAN: sum(stale) / len(stale),
+                STALENESS_MAX: float(max(stale)),
+                TIME_PROX_S: t1 - t0,
+                TIME_UPDATE_S: t2 - t1 - t_before,
+                TIME_DRIFT_S: t_before + time.perf_counter() - t2,
+            }
         )
         return stats
 
@@ -429,7 +441,7 @@ class RLTrainer:
         stats = {k: v / max(total, 1) for k, v in sums.items()}
         stats.update(maxes)
         n = max(total, 1)
-        stats["ess_frac"] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
+        stats[ESS_FRAC] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
         return stats
 
     def _reduce_stat_sums(

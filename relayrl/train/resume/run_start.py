@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.errors import RelayError
+from relayrl.metric_names import FINAL, STEP
 from relayrl.train.checkpoint import Checkpoint, CheckpointStore
 
 SUMMARY = "train_summary.json"
@@ -78,7 +79,7 @@ def truncate_logs(run_dir: Path, step: int) -> None:
     """Cut ``metrics.jsonl`` and ``samples.jsonl`` back to a checkpoint after ``step`` steps."""
     _rewrite_jsonl(
         run_dir / "metrics.jsonl",
-        lambda row: not row.get("final") and int(row.get("step", 0)) <= step,
+        lambda row: not row.get(FINAL) and int(row.get(STEP, 0)) <= step,
     )
     _rewrite_jsonl(run_dir / "samples.jsonl", lambda row: int(row.get("step", 0)) < step)
 
