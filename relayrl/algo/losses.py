@@ -21,7 +21,7 @@ accumulating gradients therefore gives exactly the gradient of the whole step, h
 step was split. Masked-out importance weights (``is_mode="mask"``) zero a token's loss but do
 not change the normaliser, for the same reason.
 
-Imports: torch, relayrl.registry.
+Imports: torch, relayrl.registry, relayrl.metric_names.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ from typing import ClassVar, Literal, get_args
 import torch
 from torch import Tensor
 
+from relayrl.metric_names import (
+    BEHAV_KL,
+    BEHAV_PROX_KL,
+    DRIFT_KL,
+    ENGINE_TRAINER_KL,
+    IS_WEIGHT_MEAN,
+)
 from relayrl.registry import Registry
 
 ISLevel = Literal["none", "token", "sequence", "geometric"]
@@ -176,7 +183,7 @@ def engine_trainer_kl(
         count += int(same.sum())
     if count == 0:
         return {}
-    return {"engine_trainer_kl_k3": total / count, "engine_trainer_kl_tokens": float(count)}
+    return {ENGINE_TRAINER_KL: total / count, "engine_trainer_kl_tokens": float(count)}
 
 
 def policy_drift(
@@ -203,10 +210,10 @@ def policy_drift(
     # float64: at η = 0 the k3 terms are ~ρ²/2, far below float32's resolution of ρ
     behav = torch.tensor([x for b in behav_logprobs for x in b], dtype=torch.float64)[mask]
     prox = torch.cat([x.detach().double().cpu() for x in before])[mask]
-    out = {"behav_prox_kl_k3": float(kl_estimate(behav, prox, "k3").mean())}
+    out = {BEHAV_PROX_KL: float(kl_estimate(behav, prox, "k3").mean())}
     if after is not None:
         new = torch.cat([x.detach().double().cpu() for x in after])[mask]
-        out["drift_kl_k3"] = float(kl_estimate(prox, new, "k3").mean())
+        out[DRIFT_KL] = float(kl_estimate(prox, new, "k3").mean())
     return out
 
 
@@ -363,7 +370,7 @@ class DecoupledLoss(PolicyLoss):
         )
         weight, raw, keep = _behaviour_weights(log_w, m, cfg, inputs.seq)
         stats = {
-            "is_weight_mean": _masked_mean(raw, m, n_tok),
+            IS_WEIGHT_MEAN: _masked_mean(raw, m, n_tok),
             "is_weight_max": _masked_max(raw, m),
         }
         if cfg.is_level != "none" and cfg.is_mode == "truncate":
@@ -496,7 +503,7 @@ def policy_loss(
     loss_sum = per_token.sum()
 
     log_rho = token.anchor - behav
-    stats["behav_kl_k3"] = _masked_mean(torch.expm1(log_rho) - log_rho, m, n_tok)
+    stats[BEHAV_KL] = _masked_mean(torch.expm1(log_rho) - log_rho, m, n_tok)
     stats["ratio_mean"] = _masked_mean(token.ratio.detach(), m, n_tok)
     stats["clip_frac"] = _masked_mean(token.clip_hit.to(m.dtype), m, n_tok)
     if cfg.dual_clip is not None:

@@ -28,6 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config.budget import RunBudget
+from relayrl.metric_names import (
+    BEHAV_KL,
+    ELAPSED_S,
+    FINAL,
+    PUBLISH_LATENCY_S,
+    STALENESS_MEAN,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+    TIME_WAIT_S,
+    TRAIN_TOKENS,
+)
 from relayrl.report.logs import read_jsonl
 
 HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
@@ -113,18 +124,18 @@ def _overrides(
 def measure(run_dir: Path) -> dict[str, float]:
     """Trained tokens, loop seconds and mean stage times from a run's logs."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    steps = [r for r in rows if "train_tokens" in r]
+    steps = [r for r in rows if TRAIN_TOKENS in r]
     samples = read_jsonl(run_dir / "samples.jsonl")
     tokens = sum(s["completion_tokens"] for s in samples)
-    seconds = steps[-1]["elapsed_s"]
+    seconds = steps[-1][ELAPSED_S]
     n = len(steps)
-    train = sum(r["time_prox_s"] + r["time_update_s"] for r in steps) / n
+    train = sum(r[TIME_PROX_S] + r[TIME_UPDATE_S] for r in steps) / n
     sync = sum(r["time_sync_s"] for r in steps) / n
-    wait = sum(r["time_wait_s"] for r in steps) / n
+    wait = sum(r[TIME_WAIT_S] for r in steps) / n
     # the first step also waits for the servers' warm-up; count steps 2.. for stage times
     later = steps[1:] or steps
-    final = next((r for r in rows if r.get("final")), {})
-    gen = sum(r["time_wait_s"] for r in later) / len(later)
+    final = next((r for r in rows if r.get(FINAL)), {})
+    gen = sum(r[TIME_WAIT_S] for r in later) / len(later)
     return {
         "tokens": float(tokens),
         "seconds": seconds,
@@ -132,8 +143,8 @@ def measure(run_dir: Path) -> dict[str, float]:
         "t_train": train + sync,
         "t_gen": gen,
         "t_wait": wait,
-        "staleness_mean": sum(r["staleness_mean"] for r in steps) / n,
-        "publish_latency": sum(r.get("publish_latency_s", 0.0) for r in later) / len(later),
+        STALENESS_MEAN: sum(r[STALENESS_MEAN] for r in steps) / n,
+        "publish_latency": sum(r.get(PUBLISH_LATENCY_S, 0.0) for r in later) / len(later),
         "resubmissions": steps[-1].get("resubmissions", 0.0),
         # KV the servers recomputed after weight updates (retracted requests), per step
         "reprefill_tokens": final.get("server_reprefill_tokens", 0.0) / n,
@@ -141,7 +152,7 @@ def measure(run_dir: Path) -> dict[str, float]:
         # running requests that kept their KV across an update (train.publish_mode=inflight)
         "kept_kv": final.get("server_kept_kv", 0.0) / n,
         # at η = 0 this is the engine-vs-trainer logprob mismatch alone
-        "behav_kl_k3": sum(r.get("behav_kl_k3", 0.0) for r in steps) / n,
+        BEHAV_KL: sum(r.get(BEHAV_KL, 0.0) for r in steps) / n,
     }
 
 
@@ -216,13 +227,13 @@ def run(args: argparse.Namespace) -> int:
         f"device={args.device} sync: eta=0 server_threads={sync_t['server']} "
         f"trainer_threads={sync_t['trainer']} seconds={sync['seconds']:.1f} "
         f"t_gen_per_step={sync['t_gen']:.2f} t_train_per_step={sync['t_train']:.2f} "
-        f"engine_trainer_kl_k3={sync['behav_kl_k3']:.2e}"
+        f"engine_trainer_kl_k3={sync[BEHAV_KL]:.2e}"
     )
     print(
         f"async: eta=4 server_threads={ASYNC_THREADS['server']} "
         f"trainer_threads={ASYNC_THREADS['trainer']} seconds={asyn['seconds']:.1f} "
         f"wait_per_step={asyn['t_wait']:.2f} t_train_per_step={asyn['t_train']:.2f} "
-        f"staleness_mean={asyn['staleness_mean']:.2f} "
+        f"staleness_mean={asyn[STALENESS_MEAN]:.2f} "
         f"publish_latency_per_step={asyn['publish_latency']:.2f} "
         f"resubmissions={asyn['resubmissions']:.0f} "
         f"retracted_per_step={asyn['retracted']:.0f} "

@@ -51,6 +51,7 @@ from relayrl.bench.trl_target import (
 )
 from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
+from relayrl.metric_names import ELAPSED_S, EVAL_PASS_AT_1, FINAL, STEP, TIME_EVAL_S
 from relayrl.report.logs import read_jsonl
 
 HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a held-out pass@1"
@@ -447,15 +448,15 @@ def relayrl_curve(side: str, rows: list[dict[str, Any]], samples_per_step: int) 
     train_s = 0.0
     steps = 0
     for row in rows:
-        if row.get("final"):  # after the last step, on the same problems
-            curve.append((int(row["step"]), train_s, float(row["eval_pass@1"])))
+        if row.get(FINAL):  # after the last step, on the same problems
+            curve.append((int(row[STEP]), train_s, float(row[EVAL_PASS_AT_1])))
             continue
-        eval_s += row.get("time_eval_s", 0.0)
-        elapsed = row.get("elapsed_s", 0.0) - eval_s
-        if "elapsed_s" in row:
+        eval_s += row.get(TIME_EVAL_S, 0.0)
+        elapsed = row.get(ELAPSED_S, 0.0) - eval_s
+        if ELAPSED_S in row:
             train_s, steps = elapsed, row["step"]
-        if "eval_pass@1" in row:
-            curve.append((int(row["step"]), max(elapsed, 0.0), float(row["eval_pass@1"])))
+        if EVAL_PASS_AT_1 in row:
+            curve.append((int(row[STEP]), max(elapsed, 0.0), float(row[EVAL_PASS_AT_1])))
     return SideResult(side, curve, train_s, steps * samples_per_step)
 
 

@@ -18,6 +18,7 @@ import argparse
 import signal
 
 from relayrl.errors import RelayError
+from relayrl.metric_names import STALENESS_MAX, STALENESS_MEAN
 
 HELP = "train with asynchronous RL (starts rollout servers); prints final_pass@1"
 
@@ -103,10 +104,10 @@ def result_lines(result) -> list[str]:
     staleness of the trained samples (mean and max over the run, from its metrics), then
     ``final_pass@1=0.xx`` last."""
     line = f"train_seconds={result.seconds:.1f} steps={result.steps}"
-    if "staleness_mean" in result.summary:
+    if STALENESS_MEAN in result.summary:
         line += (
-            f" staleness_mean={result.summary['staleness_mean']:.2f}"
-            f" staleness_max={result.summary['staleness_max']:.0f}"
+            f" staleness_mean={result.summary[STALENESS_MEAN]:.2f}"
+            f" staleness_max={result.summary[STALENESS_MAX]:.0f}"
         )
     lines = [line]
     if result.summary.get("publications"):

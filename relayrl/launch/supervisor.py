@@ -26,6 +26,12 @@ load the latest published weights with their version, reroute the client. Restar
 counted over the run; one more failure than ``rollout.max_server_restarts`` stops the run with
 a RelayError naming the server, its exit status, the limit and the log.
 
+What the supervisor needs of the servers and of the client is written down as two
+Protocols, :class:`SupervisedServers` (``relayrl.launch.servers.ServerLauncher``, its Ray
+subclass and ``ExternalServers`` implement it) and :class:`SupervisedClient`
+(``relayrl.engine.client.RolloutClient`` and ``VLLMClient``); the tests' fakes implement the
+same two (tests/launch/test_supervisor.py checks both sides against them).
+
 Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.errors.
 """
 
@@ -34,12 +40,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, Protocol
 
-from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.engine.client import RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.launch.servers import ServerLauncher, healthy
+from relayrl.launch.servers import healthy
 
 WATCH_INTERVAL_S = 0.5
 HEALTH_EVERY_S = 2.0
@@ -49,13 +56,77 @@ HEALTH_TIMEOUT_S = 5.0
 PUBLISH_MODES = ("retract", "abort", "inflight")
 
 
+class SupervisedServers(Protocol):
+    """The rollout servers as the supervisor sees them: server ``i`` is at ``urls[i]``."""
+
+    urls: list[str]
+
+    @property
+    def is_process_mode(self) -> bool:
+        """Whether the servers are processes that can hang (thread-mode ones are not probed)."""
+        ...
+
+    def index_of(self, url: str) -> int:
+        """The index of the server at ``url`` (RelayError when none is)."""
+        ...
+
+    def exit_code(self, i: int) -> int | None:
+        """Server ``i``'s exit status, None while it runs (or when it is not ours)."""
+        ...
+
+    def kill(self, i: int) -> None:
+        """Kill server ``i`` (a hung one), without waiting for a replacement."""
+        ...
+
+    def respawn(self, i: int) -> str:
+        """Start a new server ``i`` (the old one is killed); its URL, not yet healthy."""
+        ...
+
+    def wait_healthy(self, indices: list[int]) -> None:
+        """Block until the servers ``indices`` answer ``/health`` (RelayError after the
+        startup timeout or when one exits)."""
+        ...
+
+    def describe(self, i: int, what: str, consequence: str = ...) -> str:
+        """One error line naming server ``i``, ``what`` happened, the consequence and its log."""
+        ...
+
+
+class SupervisedClient(Protocol):
+    """The rollout client as the supervisor drives it: publication and failover."""
+
+    recover: Callable[[str], Awaitable[str]] | None  # set by the supervisor
+
+    async def pause(self, mode: str = ...) -> Any:
+        """Pause every server (``abort``: running requests return, to be resubmitted)."""
+        ...
+
+    async def continue_generation(self) -> Any:
+        """Resume the servers after :meth:`pause`."""
+        ...
+
+    async def update_weights(
+        self,
+        model_path: str,
+        version: int | None = ...,
+        urls: list[str] | None = ...,
+        keep_kv: bool = ...,
+    ) -> Any:
+        """Load ``model_path`` as ``version`` on every server (or on ``urls``)."""
+        ...
+
+    def replace_url(self, old: str, new: str) -> None:
+        """Send what went to ``old`` to ``new`` from now on (a restarted server)."""
+        ...
+
+
 class ServerSupervisor:
     """Restarts the launcher's servers for ``client``; see the module docstring."""
 
     def __init__(
         self,
-        launcher: ServerLauncher,
-        client: RolloutClient,
+        launcher: SupervisedServers,
+        client: SupervisedClient,
         max_restarts: int,
         hang_timeout_s: float = 60.0,
         publish_mode: str = "retract",

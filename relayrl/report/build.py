@@ -15,6 +15,26 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from relayrl.metric_names import (
+    BEHAV_PROX_KL,
+    DRIFT_KL,
+    ELAPSED_S,
+    ESS_FRAC,
+    EVAL_PASS_AT_1,
+    EVAL_PROBLEMS,
+    EVAL_VERSION,
+    IS_WEIGHT_MEAN,
+    PASS_RATE,
+    REWARD_MEAN,
+    STALENESS_MEAN,
+    STEP,
+    TIME_DRIFT_S,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+    TIME_WAIT_S,
+    TRAIN_TOKENS_PER_S,
+    VERSION,
+)
 from relayrl.report.logs import RunLogs, load_run
 
 # D-ARL metrics, charted by key prefix whatever versions they name: the replay buffer's
@@ -24,10 +44,10 @@ REPLAY_PREFIXES = ("replay_kept_fraction", "replay_count")  # train/replay_step.
 ALPHA_PREFIXES = ("darl_alpha",)
 MAX_LEGEND = 12  # legend entries of a chart (a run may log one series per version)
 TIME_SPLIT = [
-    ("time_wait_s", "waiting for data"),
-    ("time_prox_s", "proximal pass"),
-    ("time_update_s", "update"),
-    ("time_drift_s", "drift metrics"),
+    (TIME_WAIT_S, "waiting for data"),
+    (TIME_PROX_S, "proximal pass"),
+    (TIME_UPDATE_S, "update"),
+    (TIME_DRIFT_S, "drift metrics"),
     ("time_sync_s", "weight sync"),
 ]
 
@@ -55,14 +75,14 @@ def _lines(ax, logs: RunLogs, keys: list[tuple[str, str]], x: str) -> bool:
 def chart_reward(ax, logs: RunLogs) -> bool:
     ax.set(title="reward and held-out pass@1 by step", xlabel="step")
     return _lines(
-        ax, logs, [("reward_mean", "train reward"), ("eval_pass@1", "held-out pass@1")], "step"
+        ax, logs, [(REWARD_MEAN, "train reward"), (EVAL_PASS_AT_1, "held-out pass@1")], STEP
     )
 
 
 def chart_reward_time(ax, logs: RunLogs) -> bool:
     ax.set(title="reward and held-out pass@1 by wall-clock", xlabel="seconds")
     return _lines(
-        ax, logs, [("reward_mean", "train reward"), ("eval_pass@1", "held-out pass@1")], "elapsed_s"
+        ax, logs, [(REWARD_MEAN, "train reward"), (EVAL_PASS_AT_1, "held-out pass@1")], ELAPSED_S
     )
 
 
@@ -103,13 +123,13 @@ def chart_importance(ax, logs: RunLogs) -> bool:
         ax,
         logs,
         [
-            ("is_weight_mean", "mean"),
+            (IS_WEIGHT_MEAN, "mean"),
             ("is_weight_max", "max"),
             ("clip_frac", "fraction clipped"),
             ("is_masked_frac", "fraction masked"),
             ("is_truncated_frac", "fraction truncated"),
         ],
-        "step",
+        STEP,
     )
 
 
@@ -118,14 +138,14 @@ def chart_drift(ax, logs: RunLogs) -> bool:
     return _lines(
         ax,
         logs,
-        [("drift_kl_k3", "KL(π_v ‖ π_v+1)"), ("behav_prox_kl_k3", "KL(μ ‖ π_v)")],
-        "step",
+        [(DRIFT_KL, "KL(π_v ‖ π_v+1)"), (BEHAV_PROX_KL, "KL(μ ‖ π_v)")],
+        STEP,
     )
 
 
 def chart_ess(ax, logs: RunLogs) -> bool:
     ax.set(title="effective sample size of π_prox/μ", xlabel="step", ylabel="ESS / N")
-    return _lines(ax, logs, [("ess_frac", "ESS / N")], "step")
+    return _lines(ax, logs, [(ESS_FRAC, "ESS / N")], STEP)
 
 
 def natural_key(key: str) -> list:
@@ -184,8 +204,8 @@ def chart_time_split(ax, logs: RunLogs) -> bool:
     present = [(k, label) for k, label in TIME_SPLIT if logs.has(k)]
     if not present:
         return False
-    rows = [m for m in logs.metrics if "step" in m and any(k in m for k, _ in present)]
-    steps = [m["step"] for m in rows]
+    rows = [m for m in logs.metrics if STEP in m and any(k in m for k, _ in present)]
+    steps = [m[STEP] for m in rows]
     bottom = [0.0] * len(steps)
     for key, label in present:
         values = [float(m.get(key) or 0.0) for m in rows]
@@ -199,7 +219,7 @@ def chart_time_split(ax, logs: RunLogs) -> bool:
 def chart_throughput(ax, logs: RunLogs) -> bool:
     ax.set(title="throughput", xlabel="step", ylabel="tokens / s")
     return _lines(
-        ax, logs, [("gen_tokens_per_s", "generation"), ("train_tokens_per_s", "training")], "step"
+        ax, logs, [("gen_tokens_per_s", "generation"), (TRAIN_TOKENS_PER_S, "training")], STEP
     )
 
 
@@ -215,7 +235,7 @@ def chart_episodes(ax, logs: RunLogs) -> bool:
             ("episode_turns", "turns per episode (train)"),
             ("eval_episode_turns", "turns per episode (held out)"),
         ],
-        "step",
+        STEP,
     )
 
 
@@ -348,12 +368,12 @@ def render_samples(logs: RunLogs) -> list[str]:
     return parts
 
 
-SUMMARY_KEYS = ("step", "version", "reward_mean", "pass_rate", "staleness_mean", "elapsed_s")
+SUMMARY_KEYS = (STEP, VERSION, REWARD_MEAN, PASS_RATE, STALENESS_MEAN, ELAPSED_S)
 
 
 def training_rows(logs: RunLogs) -> list[dict]:
     """The metrics rows of optimizer steps (evaluation-only rows left out)."""
-    return [m for m in logs.metrics if "reward_mean" in m]
+    return [m for m in logs.metrics if REWARD_MEAN in m]
 
 
 def run_summary(logs: RunLogs) -> dict:
@@ -361,11 +381,11 @@ def run_summary(logs: RunLogs) -> dict:
     steps = training_rows(logs)
     last = steps[-1] if steps else {}
     summary = {k: last[k] for k in SUMMARY_KEYS if k in last}
-    evals = [m for m in logs.metrics if "eval_pass@1" in m]
+    evals = [m for m in logs.metrics if EVAL_PASS_AT_1 in m]
     if evals:
-        summary["eval_pass@1"] = evals[-1]["eval_pass@1"]
-        summary["eval_version"] = evals[-1].get("eval_version", evals[-1].get("version"))
-        summary["eval_problems"] = evals[-1].get("eval_problems")
+        summary[EVAL_PASS_AT_1] = evals[-1][EVAL_PASS_AT_1]
+        summary[EVAL_VERSION] = evals[-1].get(EVAL_VERSION, evals[-1].get(VERSION))
+        summary[EVAL_PROBLEMS] = evals[-1].get(EVAL_PROBLEMS)
     return summary
 
 

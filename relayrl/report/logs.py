@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.errors import RelayError
+from relayrl.metric_names import STEP
 
 
 @dataclass
@@ -23,7 +24,7 @@ class RunLogs:
     metrics: list[dict]
     samples: list[dict]
 
-    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
+    def series(self, key: str, x: str = STEP) -> tuple[list[float], list[float]]:
         rows = [m for m in self.metrics if key in m and x in m and m[key] is not None]
         return [r[x] for r in rows], [r[key] for r in rows]
 

@@ -18,15 +18,26 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from relayrl.metric_names import (
+    ELAPSED_S,
+    EVAL_PASS_AT_1,
+    PASS_RATE,
+    REWARD_MEAN,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    STEP,
+    TRAIN_TOKENS_PER_S,
+)
+
 # (metric key, label, format): shown in this order when the step logged the key
 FIELDS: list[tuple[str, str, str]] = [
-    ("reward_mean", "reward", "{:.3f}"),
-    ("pass_rate", "pass", "{:.2f}"),
-    ("eval_pass@1", "eval pass@1", "{:.2f}"),
-    ("staleness_mean", "stale", "{:.2f}"),
-    ("staleness_max", "max", "{:.0f}"),
+    (REWARD_MEAN, "reward", "{:.3f}"),
+    (PASS_RATE, "pass", "{:.2f}"),
+    (EVAL_PASS_AT_1, "eval pass@1", "{:.2f}"),
+    (STALENESS_MEAN, "stale", "{:.2f}"),
+    (STALENESS_MAX, "max", "{:.0f}"),
     ("gen_tokens_per_s", "gen tok/s", "{:.0f}"),
-    ("train_tokens_per_s", "train tok/s", "{:.0f}"),
+    (TRAIN_TOKENS_PER_S, "train tok/s", "{:.0f}"),
 ]
 
 
@@ -95,10 +106,10 @@ class Dashboard:
     def update(self, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        if isinstance(metrics.get("eval_pass@1"), (int, float)):
-            self.last_eval = float(metrics["eval_pass@1"])
-        shown = {**metrics, "eval_pass@1": self.last_eval}
-        step = int(metrics["step"])
+        if isinstance(metrics.get(EVAL_PASS_AT_1), (int, float)):
+            self.last_eval = float(metrics[EVAL_PASS_AT_1])
+        shown = {**metrics, EVAL_PASS_AT_1: self.last_eval}
+        step = int(metrics[STEP])
         if self._bar is not None and self._status is not None:
             self._status.set_description_str(status_line(shown), refresh=True)
             self._bar.update(step - self._bar.n)
@@ -107,7 +118,7 @@ class Dashboard:
 
     def _plain_line(self, step: int, metrics: Mapping[str, Any]) -> str:
         line = f"step {step}/{self.total} | {status_line(metrics)}"
-        elapsed = metrics.get("elapsed_s")
+        elapsed = metrics.get(ELAPSED_S)
         if isinstance(elapsed, (int, float)) and step > 0:
             eta = elapsed / step * (self.total - step)
             line += f" | elapsed {clock(elapsed)} | eta {clock(eta)}"

@@ -23,7 +23,7 @@ whose rank 0 dies gets SIGKILL (parent-death signal) or a failed collective, and
 workers ignore SIGINT/SIGTERM, so Ctrl-C stops the job through rank 0, with a checkpoint.
 
 Imports: torch.distributed, relayrl.config, relayrl.models.loading, relayrl.train.fsdp,
-relayrl.launch.servers (free_port), relayrl.errors.
+relayrl.launch.servers (free_port), relayrl.errors, relayrl.train.options.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.errors import RelayError
+from relayrl.train.options import ShardingOptions, TrainerOptions
 
 WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main()"
 PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
@@ -144,7 +145,10 @@ def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: 
 
     torch.manual_seed(config.seed)
     model = load_model(model_dir, device, config.model.dtype)
-    return ShardedRLTrainer(model, config, pad_id, "cuda" if backend == "nccl" else "cpu")
+    options, sharding = TrainerOptions.from_config(config), ShardingOptions.from_config(config)
+    return ShardedRLTrainer(
+        model, options, sharding, pad_id, "cuda" if backend == "nccl" else "cpu"
+    )
 
 
 class WorkerRanks:
@@ -258,8 +262,8 @@ class TrainerGroup:
         return self.local.version
 
     @property
-    def cfg(self) -> Any:
-        return self.local.cfg
+    def options(self) -> TrainerOptions:
+        return self.local.options
 
     @property
     def world_size(self) -> int:
@@ -321,7 +325,7 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
     from relayrl.train.trainer import RLTrainer
 
     if config.train.world_size == 1:
-        return RLTrainer(model, config, pad_id=pad_id)
+        return RLTrainer(model, TrainerOptions.from_config(config), pad_id=pad_id)
     from relayrl.launch.servers import free_port
 
     backend = resolve_backend(config)

@@ -25,7 +25,8 @@ runs the same ``RLTrainer.train_step``; what differs is below the step:
 - publication gathers the full state dict on rank 0 (CPU offload) and writes the same
   safetensors file as the single-process trainer.
 
-Imports: torch, torch.distributed (FSDP2, DCP), relayrl.algo.microbatch, relayrl.train.trainer.
+Imports: torch, torch.distributed (FSDP2, DCP), relayrl.algo.microbatch, relayrl.train.options,
+relayrl.train.trainer.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from torch.distributed.tensor import DTensor
 
 from relayrl.algo.microbatch import rank_micro_batches
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.trainer import RLTrainer, _collate, _MicroBatch
 
 SHARDS_DIR = "shards"  # the DCP directory inside a checkpoint
@@ -67,7 +69,7 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, train_cfg: Any, device_type: str) -> None:
+def shard_model(model: torch.nn.Module, sharding: ShardingOptions, device_type: str) -> None:
     """``fully_shard`` each decoder layer, then the root, over all ranks (in place).
 
     Gradients are reduced with a plain sum (divide factor 1, sum-only collectives): the
@@ -76,9 +78,9 @@ def shard_model(model: torch.nn.Module, train_cfg: Any, device_type: str) -> Non
     ``train.mixed_precision=bf16`` computes in bf16 and reduces in fp32."""
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy()
-    if train_cfg.mixed_precision == "bf16":
+    if sharding.mixed_precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if train_cfg.activation_checkpointing:
+    if sharding.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
@@ -102,13 +104,20 @@ class ShardedRLTrainer(RLTrainer):
     """One rank of the data-parallel trainer (see the module docstring). Built on every
     rank after ``torch.distributed.init_process_group``, with the same model and config."""
 
-    def __init__(self, model: torch.nn.Module, config: Any, pad_id: int, device_type: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        options: TrainerOptions,
+        sharding: ShardingOptions,
+        pad_id: int,
+        device_type: str,
+    ) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        kl = config.algo.kl_coef > 0
+        kl = options.loss.kl_coef > 0
         # the KL reference stays an unsharded, frozen replica (no-grad passes only)
         self._reference = copy.deepcopy(model).eval().requires_grad_(False) if kl else None
-        shard_model(model, config.train, device_type)
-        super().__init__(model, config, pad_id)
+        shard_model(model, sharding, device_type)
+        super().__init__(model, options, pad_id)
 
     def _reference_copy(self, model: torch.nn.Module) -> torch.nn.Module:  # noqa: ARG002
         assert self._reference is not None
@@ -118,7 +127,7 @@ class ShardedRLTrainer(RLTrainer):
     def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
         """This rank's micro-batches of ``trajs``, padded to the busiest rank's count."""
         plans = rank_micro_batches(
-            [t.num_tokens for t in trajs], self.world_size, self.cfg.optim.micro_batch_tokens
+            [t.num_tokens for t in trajs], self.world_size, self.options.micro_batch_tokens
         )
         device = self._device()
         mine = [_collate(trajs, idx, self.pad_id, device) for idx in plans[self.rank]]
@@ -167,7 +176,7 @@ class ShardedRLTrainer(RLTrainer):
         loss.backward()
 
     def _clip_gradients(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
     def _reduce_stat_sums(

@@ -25,6 +25,23 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relayrl.config.schema import EvalConfig, RunConfig
+from relayrl.metric_names import (
+    ELAPSED_S,
+    EVAL_PASS_AT_1,
+    EVAL_PROBLEMS,
+    EVAL_VERSION,
+    FINAL,
+    IS_WEIGHT_MEAN,
+    STEP,
+    STEP_TIME_S,
+    TIME_EVAL_S,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+    TIME_WAIT_S,
+    TRAIN_TOKENS,
+    TRAIN_TOKENS_PER_S,
+    VERSION,
+)
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.base import Problem
 from relayrl.train.dashboard import Dashboard
@@ -77,10 +94,10 @@ def eval_metrics(
     cfg = config.eval.model_copy(update={"num_problems": len(problems)})
     report = evaluate_model(trainer.model, tokenizer, problems, cfg, config.seed)
     return {
-        "eval_pass@1": report.pass_at_1,
-        "eval_version": trainer.version,
-        "eval_problems": report.num_problems,
-        "time_eval_s": time.perf_counter() - start,
+        EVAL_PASS_AT_1: report.pass_at_1,
+        EVAL_VERSION: trainer.version,
+        EVAL_PROBLEMS: report.num_problems,
+        TIME_EVAL_S: time.perf_counter() - start,
         **{f"eval_episode_{k}": v for k, v in report.episode.items()},
     }
 
@@ -121,11 +138,11 @@ class TrainingLoop:
         try:
             if cfg.eval_every and first_step == 0:
                 step0 = await self.evaluate(self.test_periodic)
-                self.logger.log_step({"step": 0, "version": 0, **step0})
+                self.logger.log_step({STEP: 0, VERSION: 0, **step0})
             for step in range(first_step, self.total_steps):
                 metrics = await self._one_step(step, source)
                 now = time.perf_counter()
-                metrics["step_time_s"], metrics["elapsed_s"] = now - last, now - start
+                metrics[STEP_TIME_S], metrics[ELAPSED_S] = now - last, now - start
                 metrics.update(source.step_metrics(now - last))
                 last = now
                 self.logger.log_step(metrics)
@@ -138,9 +155,9 @@ class TrainingLoop:
             final = await self.evaluate(self.test_final)
             self.logger.log_step(
                 {
-                    "step": self.total_steps,
-                    "version": self.trainer.version,
-                    "final": True,
+                    STEP: self.total_steps,
+                    VERSION: self.trainer.version,
+                    FINAL: True,
                     **final,
                     **drift_summary(self.logger.metrics_path),
                     **await source.final_metrics(),
@@ -160,13 +177,13 @@ class TrainingLoop:
         self.logger.log_samples(trajs, step, version)
         last_step = step == self.total_steps - 1
         after = await source.after_update(self.trainer.version, last_step)
-        metrics: dict[str, Any] = {"step": step + 1, "version": self.trainer.version}
+        metrics: dict[str, Any] = {STEP: step + 1, VERSION: self.trainer.version}
         metrics.update(batch_metrics(trajs))
         metrics.update(stats)
         self._check_on_policy(metrics)
-        train_time = stats["time_prox_s"] + stats["time_update_s"]
-        metrics["train_tokens_per_s"] = stats["train_tokens"] / max(train_time, 1e-9)
-        metrics["time_wait_s"] = t_wait
+        train_time = stats[TIME_PROX_S] + stats[TIME_UPDATE_S]
+        metrics[TRAIN_TOKENS_PER_S] = stats[TRAIN_TOKENS] / max(train_time, 1e-9)
+        metrics[TIME_WAIT_S] = t_wait
         metrics.update(after)
         eval_every = self.config.train.eval_every
         if eval_every and (step + 1) % eval_every == 0 and not last_step:
@@ -177,14 +194,14 @@ class TrainingLoop:
         """At η = 0 (no replay) every token was sampled by the weights being trained, so
         ``is_weight_mean`` (π_prox/μ) must be 1 up to :data:`IS_WEIGHT_TOLERANCE`: warn once
         per run when it is not."""
-        weight = metrics.get("is_weight_mean")
+        weight = metrics.get(IS_WEIGHT_MEAN)
         if self.warned_off_policy or weight is None or self.config.rollout.eta != 0:
             return
         if self.config.replay.enable or abs(weight - 1.0) <= IS_WEIGHT_TOLERANCE:
             return
         self.warned_off_policy = True
         print(
-            f"warning: step {metrics['step']}: is_weight_mean = {weight:.4f} at rollout.eta=0, "
+            f"warning: step {metrics[STEP]}: is_weight_mean = {weight:.4f} at rollout.eta=0, "
             f"where π_prox/μ is 1 up to numerics (tolerance {IS_WEIGHT_TOLERANCE}): the "
             "trainer's logprobs disagree with the rollout engine's (temperature, token "
             "alignment, weights out of sync?); see engine_trainer_kl_k3 in metrics.jsonl",

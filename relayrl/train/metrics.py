@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config.schema import RunConfig
+from relayrl.metric_names import (
+    BEHAV_PROX_KL,
+    DRIFT_KL,
+    FINAL,
+    PASS_RATE,
+    REWARD_MEAN,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    STEP,
+)
 from relayrl.rollout.environment import episode_means
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import MetricSink, open_sinks, scalars
@@ -28,8 +38,8 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     n = max(len(trajs), 1)
     lengths = [len(t.completion_ids) for t in trajs]
     return {
-        "reward_mean": sum(t.reward for t in trajs) / n,
-        "pass_rate": sum(t.reward > PASS_THRESHOLD for t in trajs) / n,
+        REWARD_MEAN: sum(t.reward for t in trajs) / n,
+        PASS_RATE: sum(t.reward > PASS_THRESHOLD for t in trajs) / n,
         "response_len_mean": sum(lengths) / n,
         "response_len_max": float(max(lengths, default=0)),
         "truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
@@ -77,7 +87,7 @@ def sample_record(
 
 
 # the per-version drift of every step (relayrl.algo.losses.policy_drift), summarised per run
-DRIFT_KEYS = ("drift_kl_k3", "behav_prox_kl_k3")
+DRIFT_KEYS = (DRIFT_KL, BEHAV_PROX_KL)
 
 
 def _step_rows(metrics_path: Path) -> list[dict[str, Any]]:
@@ -93,12 +103,12 @@ def realised_staleness(metrics_path: Path) -> dict[str, float]:
     per-step rows of its ``metrics.jsonl`` (every step of a resumed run included). Each step
     trains the same number of fresh samples (B complete groups of n), so the run's mean is
     the mean of the step means. Empty when no step was logged."""
-    rows = [r for r in _step_rows(metrics_path) if "staleness_mean" in r]
+    rows = [r for r in _step_rows(metrics_path) if STALENESS_MEAN in r]
     if not rows:
         return {}
     return {
-        "staleness_mean": sum(float(r["staleness_mean"]) for r in rows) / len(rows),
-        "staleness_max": max(float(r["staleness_max"]) for r in rows),
+        STALENESS_MEAN: sum(float(r[STALENESS_MEAN]) for r in rows) / len(rows),
+        STALENESS_MAX: max(float(r[STALENESS_MAX]) for r in rows),
     }
 
 
@@ -109,7 +119,7 @@ def drift_summary(metrics_path: Path) -> dict[str, float]:
     rows = _step_rows(metrics_path)
     out: dict[str, float] = {}
     for key in DRIFT_KEYS:
-        values = [float(r[key]) for r in rows if key in r and not r.get("final")]
+        values = [float(r[key]) for r in rows if key in r and not r.get(FINAL)]
         if values:
             out[f"{key}_mean"] = sum(values) / len(values)
             out[f"{key}_max"] = max(values)
@@ -159,7 +169,7 @@ class RunLogger:
         self._metrics.flush()
         values = scalars(metrics)
         for sink in self.sinks:
-            sink.log(values, int(metrics["step"]))
+            sink.log(values, int(metrics[STEP]))
 
     def log_samples(self, trajs: Sequence[Trajectory], step: int, version: int) -> None:
         for t in trajs:

@@ -34,11 +34,13 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import check_loggers
 from relayrl.train.loop import TrainingLoop
 from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
+from relayrl.train.options import TrainerOptions
 from relayrl.train.rl import TrainResult
 from relayrl.train.trainer import RLTrainer
 
@@ -178,7 +180,7 @@ def _replay_loop(config: RunConfig, run_dir: Path, total_steps: int) -> Training
     tokenizer = load_tokenizer(model_dir)
     torch.manual_seed(config.seed)  # as run_train does before loading the model
     model = load_model(model_dir, config.model.device, config.model.dtype)
-    trainer = RLTrainer(model, config, pad_id=tokenizer.pad_token_id)
+    trainer = RLTrainer(model, TrainerOptions.from_config(config), pad_id=tokenizer.pad_token_id)
     task = make_task(config.task.name, config.task.params)
     test = task.problems("test", config.eval.num_problems, config.task.seed)
 
@@ -223,7 +225,7 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
         replay.trainer.model.save_pretrained(out)
         replay.tokenizer.save_pretrained(out)
     summary = {"replay_from": str(source), "steps": len(steps)}
-    summary["final_pass@1"] = final["eval_pass@1"] if final else None
+    summary["final_pass@1"] = final[EVAL_PASS_AT_1] if final else None
     summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     summary.update(drift_summary(run_dir / "metrics.jsonl"))
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))

@@ -28,8 +28,11 @@ overrides the per-rank pieces only: ``_micro_batches``, ``traj_logprobs``, ``_co
 ``_backward``, ``_clip_gradients``, ``_reduce_stat_sums``, ``_reference_copy`` and the
 weights/state methods; at world size 1 this class runs alone, unchanged.
 
-Imports: torch, relayrl.algo (advantages, losses, micro-batching), the Trajectory record,
-relayrl.train.replay_step.
+The trainer reads nothing of the run's configuration but its
+:class:`relayrl.train.options.TrainerOptions` (``TrainerOptions.from_config(config)``).
+
+Imports: torch, relayrl.algo (losses, micro-batching), the Trajectory record,
+relayrl.train.options, relayrl.train.replay_step.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from typing import Any
 import torch
 
 from relayrl.algo.losses import (
-    LossConfig,
     engine_trainer_kl,
     entropy_from_logits,
     loss_class,
@@ -54,8 +56,19 @@ from relayrl.algo.losses import (
     policy_loss,
 )
 from relayrl.algo.microbatch import pack_micro_batches
+from relayrl.metric_names import (
+    ESS_FRAC,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    STALENESS_MIN,
+    TIME_DRIFT_S,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+    TRAIN_TOKENS,
+)
 from relayrl.models.loading import prefer_shape_agnostic_attention
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
 MAX_STATS = ("is_weight_max",)
@@ -71,23 +84,6 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     if schedule == "linear":
         return 1.0 - 0.9 * progress
     return 1.0
-
-
-def loss_config_from(algo: Any) -> LossConfig:
-    """``LossConfig`` from the ``algo`` config section (same field names)."""
-    return LossConfig(
-        loss=algo.loss,
-        eps_low=algo.eps_low,
-        eps_high=algo.eps_high,
-        dual_clip=algo.dual_clip,
-        is_level=algo.is_level,
-        is_mode=algo.is_mode,
-        is_cap=algo.is_cap,
-        is_floor=algo.is_floor,
-        kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator,
-        aggregation=algo.aggregation,
-    )
 
 
 @dataclass
@@ -185,27 +181,26 @@ class RLTrainer:
 
     world_size = 1  # processes sharing the step (a data-parallel rank sets its own)
 
-    def __init__(self, model: torch.nn.Module, config: Any, pad_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, options: TrainerOptions, pad_id: int) -> None:
         self.model = model.train()
         prefer_shape_agnostic_attention(next(model.parameters()).device)
-        self.cfg = config
+        self.options = options
         self.pad_id = pad_id
-        self.eta = config.rollout.eta
-        self.temperature = config.rollout.temperature
-        self.loss_cfg = loss_config_from(config.algo)
-        o = config.optim
+        self.eta = options.eta
+        self.temperature = options.temperature
+        self.loss_cfg = options.loss
+        o = options  # the schedule's lambda keeps these (frozen) options
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+            model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
         )
-        total = config.train.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, o.warmup_steps, total, o.schedule)
+            self.optimizer, lambda s: lr_factor(s, o.warmup_steps, o.total_steps, o.schedule)
         )
         self.ref_model = self._reference_copy(model) if self.loss_cfg.kl_coef > 0 else None
         self.version = 0
         self.replay: ReplayStep | None = None
-        if config.replay.enable:
-            self.replay = ReplayStep(config.replay, self.eta, model)
+        if options.replay is not None:
+            self.replay = ReplayStep(options.replay, self.eta, model)
 
     def _reference_copy(self, model: torch.nn.Module) -> torch.nn.Module:
         """The frozen reference policy of the KL term: a copy of the initial weights."""
@@ -225,7 +220,7 @@ class RLTrainer:
     def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
         """First-fit-decreasing packs under ``optim.micro_batch_tokens`` (padded cost: each
         micro-batch is collated right-padded to its longest sequence), collated."""
-        plan = pack_micro_batches([t.num_tokens for t in trajs], self.cfg.optim.micro_batch_tokens)
+        plan = pack_micro_batches([t.num_tokens for t in trajs], self.options.micro_batch_tokens)
         device = next(self.model.parameters()).device
         return [_collate(trajs, idx, self.pad_id, device) for idx in plan]
 
@@ -268,7 +263,7 @@ class RLTrainer:
         fresh = [t for g in groups for t in g]
         stale = self.check_staleness(fresh)
         t0 = time.perf_counter()
-        parts = minibatch_slices(groups, len(fresh), self.cfg.optim.ppo_minibatches)
+        parts = minibatch_slices(groups, len(fresh), self.options.ppo_minibatches)
         whole = self._micro_batches(fresh) if len(parts) == 1 and self.replay is None else None
         if self.replay is None:
             trajs = fresh
@@ -283,17 +278,17 @@ class RLTrainer:
         behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
         extra.update(engine_trainer_kl(behav, vers, prox, self.version))
         before, first_logprobs = prox, None
-        if self.cfg.train.drift_metrics and before is None:  # a loss without π_prox:
+        if self.options.drift_metrics and before is None:  # a loss without π_prox:
             if self._one_local_update(parts):  # π_v from the update's own forward pass
                 first_logprobs = {}
             else:
                 before = self.traj_logprobs(self.model, trajs, whole)
         t_before = time.perf_counter() - t1
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
-            parts = minibatch_slices(groups, len(trajs), self.cfg.optim.ppo_minibatches)
+            parts = minibatch_slices(groups, len(trajs), self.options.ppo_minibatches)
         total_tokens = sum(len(t.completion_ids) for t in trajs)
         updates = []
-        for _ in range(self.cfg.optim.ppo_epochs):
+        for _ in range(self.options.ppo_epochs):
             for part in parts:
                 # a batch-level normaliser (D-ARL) is shared out by the slice's token share
                 share = sum(len(trajs[i].completion_ids) for i in part) / max(total_tokens, 1)
@@ -314,21 +309,23 @@ class RLTrainer:
         t2 = time.perf_counter()
         if first_logprobs is not None:
             before = [first_logprobs[i] for i in range(len(trajs))]
-        if self.cfg.train.drift_metrics:
+        if self.options.drift_metrics:
             after = self.traj_logprobs(self.model, trajs, whole)
             extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
         stats = combine_update_stats(updates)
         stats.update(extra)
         stats.update(
-            lr=self.scheduler.get_last_lr()[0],
-            optimizer_steps=float(len(updates)),
-            train_tokens=float(sum(t.num_tokens for t in trajs)),
-            staleness_min=float(min(stale)),
-            staleness_mean=sum(stale) / len(stale),
-            staleness_max=float(max(stale)),
-            time_prox_s=t1 - t0,
-            time_update_s=t2 - t1 - t_before,
-            time_drift_s=t_before + time.perf_counter() - t2,
+            {
+                "lr": self.scheduler.get_last_lr()[0],
+                "optimizer_steps": float(len(updates)),
+                TRAIN_TOKENS: float(sum(t.num_tokens for t in trajs)),
+                STALENESS_MIN: float(min(stale)),
+                STALENESS_MEAN: sum(stale) / len(stale),
+                STALENESS_MAX: float(max(stale)),
+                TIME_PROX_S: t1 - t0,
+                TIME_UPDATE_S: t2 - t1 - t_before,
+                TIME_DRIFT_S: t_before + time.perf_counter() - t2,
+            }
         )
         return stats
 
@@ -347,7 +344,7 @@ class RLTrainer:
         if normalizer is None:
             n_tokens = self._count_tokens(trajs, mbs)
             normalizer = loss_normalizer(
-                self.loss_cfg.aggregation, n_tokens, len(trajs), self.cfg.rollout.max_new_tokens
+                self.loss_cfg.aggregation, n_tokens, len(trajs), self.options.max_new_tokens
             )
         inputs = [
             {
@@ -371,7 +368,7 @@ class RLTrainer:
 
     def _clip_gradients(self) -> float:
         """Clip the gradient to ``optim.grad_clip`` (global norm); returns the norm before."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)
         return float(norm)
 
     def _backward(self, loss: torch.Tensor, index: int, count: int) -> None:  # noqa: ARG002
@@ -444,7 +441,7 @@ class RLTrainer:
         stats = {k: v / max(total, 1) for k, v in sums.items()}
         stats.update(maxes)
         n = max(total, 1)
-        stats["ess_frac"] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
+        stats[ESS_FRAC] = weight_sums["ess_num"] ** 2 / max(weight_sums["ess_den"], 1e-12) / n
         return stats
 
     def _reduce_stat_sums(

@@ -4,6 +4,7 @@ micro-batch invariance of the multi-behaviour loss, balance-heuristic weights.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import ReplayStep, trajectory_scores
 from relayrl.train.trainer import RLTrainer
 
@@ -30,7 +32,11 @@ BASE = [
 def make_trainer(model_dir, *overrides: str) -> RLTrainer:
     config = load_config(None, BASE + list(overrides))
     torch.manual_seed(0)
-    return RLTrainer(load_model(model_dir), config, pad_id=load_tokenizer(model_dir).pad_token_id)
+    return RLTrainer(
+        load_model(model_dir),
+        TrainerOptions.from_config(config),
+        pad_id=load_tokenizer(model_dir).pad_token_id,
+    )
 
 
 def synthetic_groups(
@@ -214,7 +220,7 @@ def test_replay_warmup_reuse_window_and_microbatch_invariance(tiny_model_dir):
     second = synthetic_groups(trainer, seed=1, lags=[1, 0])
     # same step with one sequence per micro-batch: the gradient must not change
     other = copy.deepcopy(trainer)
-    other.cfg.optim.micro_batch_tokens = 1  # one sequence each
+    other.options = dataclasses.replace(other.options, micro_batch_tokens=1)  # one each
     grads_a, grads_b = record_grads(trainer), record_grads(other)
     s1 = trainer.train_step(second)
     s1b = other.train_step(copy.deepcopy(second))

@@ -1,4 +1,5 @@
-"""ServerSupervisor policy against a fake launcher and client: one restart however many
+"""ServerSupervisor policy against a fake launcher and client (the fakes, the real launchers
+and the real clients implement the supervisor's two Protocols, checked here): one restart however many
 requests notice the failure, the latest weights go to the replacement, a replacement that
 fails to start is retried within the limit, publication survives a dead server, and the
 limit ends the run with a message naming the server and the setting. Hangs: a hung server is
@@ -8,15 +9,21 @@ for the lock the publication holds), and a server still starting up is never tak
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
+import textwrap
 import time
 
 import pytest
 
-from relayrl.engine.client import RolloutServerError
+from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.engine.vllm_client import VLLMClient
 from relayrl.errors import RelayError
 from relayrl.launch import supervisor as sup
-from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.launch.ray_cluster import RayServerLauncher
+from relayrl.launch.servers import ExternalServers, ServerLauncher
+from relayrl.launch.supervisor import ServerSupervisor, SupervisedClient, SupervisedServers
 
 
 class FakeLauncher:
@@ -59,7 +66,7 @@ class FakeLauncher:
             self.fail_starts -= 1
             raise RelayError(f"rollout server {indices[0]} did not become healthy")
 
-    def describe(self, i: int, what: str, consequence: str) -> str:
+    def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
         return f"rollout server {i} ({self.urls[i]}) {what}; {consequence}"
 
 
@@ -80,7 +87,7 @@ class FakeClient:
             if url in self.launcher.dead:
                 raise RolloutServerError(url, "unreachable after 4 attempts")
 
-    async def pause(self, mode: str) -> None:
+    async def pause(self, mode: str = "abort") -> None:
         self.calls.append(f"pause:{mode}")
         await self._check(list(self.launcher.urls))
 
@@ -89,17 +96,127 @@ class FakeClient:
         await self._check(list(self.launcher.urls))
 
     async def update_weights(
-        self, path: str, version: int, urls: list[str] | None = None, keep_kv: bool = False
+        self,
+        model_path: str,
+        version: int | None = None,
+        urls: list[str] | None = None,
+        keep_kv: bool = False,
     ):
         self.calls.append(f"load:{version}" + (":keep_kv" if keep_kv else ""))
         for url in urls or list(self.launcher.urls):
             await self._check([url])
-            self.loaded.append((url, path, version))
+            self.loaded.append((url, model_path, version))
 
     def replace_url(self, old: str, new: str) -> None:
         self.replaced.append((old, new))
 
 
+# ---------------------------------------------------------------------------- the Protocols
+def protocol_members(protocol: type) -> tuple[set[str], dict[str, object]]:
+    """A Protocol's data attributes (annotated) and its methods and properties, by name."""
+    data = set(protocol.__annotations__)
+    methods = {
+        name: value
+        for name, value in vars(protocol).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    }
+    return data, methods
+
+
+def assigned_in_init(cls: type) -> set[str]:
+    """``self.<name>`` assigned in ``cls.__init__`` (or a base's)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None or not inspect.isfunction(init):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    names.add(node.attr)
+    return names
+
+
+def shape(function) -> tuple[bool, list[tuple[str, object, bool]]]:
+    """Whether ``function`` is a coroutine function, and its parameters after ``self``:
+    name, kind, and whether it has a default."""
+    params = list(inspect.signature(function).parameters.values())[1:]
+    return inspect.iscoroutinefunction(function), [
+        (p.name, p.kind, p.default is not inspect.Parameter.empty) for p in params
+    ]
+
+
+def protocol_gaps(cls: type, protocol: type) -> list[str]:
+    """How ``cls`` fails to implement ``protocol`` (empty: it implements it)."""
+    data, methods = protocol_members(protocol)
+    gaps = []
+    fields = getattr(cls, "__dataclass_fields__", {})
+    for name in sorted(data):
+        if not (hasattr(cls, name) or name in fields or name in assigned_in_init(cls)):
+            gaps.append(f"{cls.__name__} has no attribute {name}")
+    for name, member in sorted(methods.items()):
+        mine = inspect.getattr_static(cls, name, None)
+        if isinstance(member, property):
+            if mine is None or callable(mine):
+                gaps.append(f"{cls.__name__}.{name} is not a property or attribute")
+        elif not callable(mine):
+            gaps.append(f"{cls.__name__} has no method {name}")
+        elif shape(mine) != shape(member):
+            gaps.append(f"{cls.__name__}.{name}{shape(mine)} is not {shape(member)}")
+    return gaps
+
+
+@pytest.mark.parametrize(
+    ("cls", "protocol"),
+    [
+        (FakeLauncher, SupervisedServers),
+        (ServerLauncher, SupervisedServers),
+        (RayServerLauncher, SupervisedServers),
+        (ExternalServers, SupervisedServers),
+        (FakeClient, SupervisedClient),
+        (RolloutClient, SupervisedClient),
+        (VLLMClient, SupervisedClient),
+    ],
+)
+def test_fakes_and_real_classes_implement_the_supervisor_protocols(cls, protocol):
+    assert protocol_gaps(cls, protocol) == []
+
+
+def test_protocol_check_finds_a_missing_method_and_a_changed_signature():
+    class NoKill(FakeLauncher):
+        kill = None
+
+    class OtherLoad(FakeClient):
+        async def update_weights(self, model_path: str, version: int) -> None: ...
+
+    assert protocol_gaps(NoKill, SupervisedServers) == ["NoKill has no method kill"]
+    assert [gap.split("(")[0] for gap in protocol_gaps(OtherLoad, SupervisedClient)] == [
+        "OtherLoad.update_weights"
+    ]
+
+
+def test_the_supervisor_uses_nothing_of_the_servers_or_client_beyond_the_protocols():
+    """Every ``self.launcher.<x>`` / ``self.client.<x>`` (and ``client.<x>``) in the
+    supervisor's source is a member of its Protocol, so the fakes cover what it uses."""
+    tree = ast.parse(inspect.getsource(sup))
+    used: dict[str, set[str]] = {"launcher": set(), "client": set()}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name):
+            if owner.value.id == "self" and owner.attr in used:
+                used[owner.attr].add(node.attr)
+        elif isinstance(owner, ast.Name) and owner.id == "client":
+            used["client"].add(node.attr)
+    for role, protocol in (("launcher", SupervisedServers), ("client", SupervisedClient)):
+        data, methods = protocol_members(protocol)
+        assert used[role], role
+        assert used[role] <= data | set(methods), (role, used[role] - data - set(methods))
+
+
+# ---------------------------------------------------------------------------- the policy
 @pytest.fixture(autouse=True)
 def health_from_fake(monkeypatch):
     monkeypatch.setattr(sup, "healthy", lambda url, timeout: "-r" in url)

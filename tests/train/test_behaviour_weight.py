@@ -14,6 +14,7 @@ from relayrl.engine.types import EngineOptions, SamplingParams
 from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.registry import make_task
+from relayrl.train.options import TrainerOptions
 from relayrl.train.trainer import RLTrainer
 
 
@@ -30,7 +31,11 @@ def test_engine_trajectories_have_unit_behaviour_weight_at_eta0(tiny_model_dir, 
     )
     tokenizer = load_tokenizer(tiny_model_dir)
     torch.manual_seed(0)
-    trainer = RLTrainer(load_model(tiny_model_dir), config, pad_id=tokenizer.pad_token_id)
+    trainer = RLTrainer(
+        load_model(tiny_model_dir),
+        TrainerOptions.from_config(config),
+        pad_id=tokenizer.pad_token_id,
+    )
     problems = make_task("arithmetic").problems("train", 8, 0)
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
     params = [SamplingParams(24, temperature, seed=i) for i in range(len(prompts))]

@@ -13,6 +13,7 @@ from relayrl.rollout.controller import request_seed
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.registry import make_task
+from relayrl.train.options import TrainerOptions
 from relayrl.train.rl import run_train
 from relayrl.train.trainer import RLTrainer
 from tests.train.conftest import parity_grader, rl_config
@@ -23,7 +24,9 @@ def reference_run(config, model_dir):
     tokenizer = load_tokenizer(model_dir)
     task = make_task(config.task.name, config.task.params)
     loader = PromptLoader(task.problems("train", config.task.train_size, config.task.seed), 0)
-    trainer = RLTrainer(load_model(model_dir), config, pad_id=tokenizer.pad_token_id)
+    trainer = RLTrainer(
+        load_model(model_dir), TrainerOptions.from_config(config), pad_id=tokenizer.pad_token_id
+    )
     r = config.rollout
     options = EngineOptions(
         max_seq_len=config.model.max_context,

@@ -11,6 +11,7 @@ import torch
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.rollout.trajectory import ORIGIN_ENV, ORIGIN_MODEL, Trajectory
 from relayrl.tasks.tool_multiply import ToolMultiplyTask
+from relayrl.train.options import TrainerOptions
 from relayrl.train.sft import IGNORE_INDEX, encode_segments
 from relayrl.train.trainer import RLTrainer, _collate
 from tests.train.conftest import rl_config
@@ -34,7 +35,7 @@ def episode(sample_index: int, advantage: float) -> Trajectory:
 def test_environment_tokens_get_no_gradient(tmp_path, tiny_model_dir):
     config = rl_config(tmp_path, tiny_model_dir, "algo.loss=decoupled")
     model = load_model(tiny_model_dir)
-    trainer = RLTrainer(model, config, pad_id=0)
+    trainer = RLTrainer(model, TrainerOptions.from_config(config), pad_id=0)
     grads: list[torch.Tensor] = []
 
     def keep_grad(module, inputs, output):

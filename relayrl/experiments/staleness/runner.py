@@ -22,6 +22,19 @@ from relayrl.experiments.staleness.plan import (
     cell_config,
     cell_settings,
 )
+from relayrl.metric_names import (
+    BEHAV_KL,
+    BEHAV_PROX_KL,
+    DRIFT_KL,
+    EVAL_PASS_AT_1,
+    EVAL_PROBLEMS,
+    FINAL,
+    STALENESS_MEAN,
+    STEP,
+    STEP_TIME_S,
+    TIME_EVAL_S,
+    TRAIN_TOKENS,
+)
 from relayrl.report.logs import read_jsonl
 
 
@@ -57,15 +70,15 @@ class CellResult:
 def read_run(run_dir: Path, cell: Cell, samples_per_step: int) -> CellResult:
     """A cell's result from its ``metrics.jsonl``."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    steps = [r for r in rows if "train_tokens" in r]
-    evals = [r for r in rows if "eval_pass@1" in r]
-    if not steps or not evals or not evals[-1].get("final"):
+    steps = [r for r in rows if TRAIN_TOKENS in r]
+    evals = [r for r in rows if EVAL_PASS_AT_1 in r]
+    if not steps or not evals or not evals[-1].get(FINAL):
         raise RelayError(f"{run_dir}/metrics.jsonl has no finished run")
     curve = [
-        (int(r["step"]) * samples_per_step, float(r["eval_pass@1"]), int(r["eval_problems"]))
+        (int(r[STEP]) * samples_per_step, float(r[EVAL_PASS_AT_1]), int(r[EVAL_PROBLEMS]))
         for r in evals
     ]
-    train_s = sum(r["step_time_s"] - r.get("time_eval_s", 0.0) for r in steps)
+    train_s = sum(r[STEP_TIME_S] - r.get(TIME_EVAL_S, 0.0) for r in steps)
     trained = sum(r.get("replay_fresh", 0.0) + r.get("replay_replayed", 0.0) for r in steps)
     replayed = sum(r.get("replay_replayed", 0.0) for r in steps)
     return CellResult(
@@ -74,12 +87,12 @@ def read_run(run_dir: Path, cell: Cell, samples_per_step: int) -> CellResult:
         seed=cell.seed,
         final_pass=curve[-1][1],
         curve=curve,
-        staleness_mean=statistics.fmean(r["staleness_mean"] for r in steps),
+        staleness_mean=statistics.fmean(r[STALENESS_MEAN] for r in steps),
         train_seconds=train_s,
         replayed_frac=replayed / trained if trained else 0.0,
-        behav_kl=statistics.fmean(r.get("behav_kl_k3", 0.0) for r in steps),
-        drift_kl=_step_mean(steps, "drift_kl_k3"),
-        behav_prox_kl=_step_mean(steps, "behav_prox_kl_k3"),
+        behav_kl=statistics.fmean(r.get(BEHAV_KL, 0.0) for r in steps),
+        drift_kl=_step_mean(steps, DRIFT_KL),
+        behav_prox_kl=_step_mean(steps, BEHAV_PROX_KL),
     )
 
 

@@ -1,0 +1,51 @@
+"""Names of the columns of a run's ``metrics.jsonl`` that more than one module writes or reads.
+
+Owns: one constant per shared column. The trainer, the training loop and the run logger
+write these keys; the dashboard, ``relayrl report``, the benchmarks and the experiments read
+them. A column read in another module than the one writing it is named here once, so a
+rename is one edit and a typo is an import error. Columns only their writer knows (most of
+the loss statistics, ``relayrl.algo.losses``) stay where they are made.
+
+Imports: nothing (the lowest layer, with ``relayrl.errors`` and ``relayrl.registry``).
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------ row identity
+STEP = "step"  # optimizer steps done (1-based; 0: the evaluation before training)
+VERSION = "version"  # the trainer's weight version after the step
+FINAL = "final"  # true on the final evaluation's row, after the last step
+
+# ------------------------------------------------------------------ the batch (train/metrics.py)
+REWARD_MEAN = "reward_mean"
+PASS_RATE = "pass_rate"
+
+# ------------------------------------------------------------------ the step (train/trainer.py)
+STALENESS_MIN = "staleness_min"
+STALENESS_MEAN = "staleness_mean"
+STALENESS_MAX = "staleness_max"
+TRAIN_TOKENS = "train_tokens"  # prompt + completion tokens of the sequences trained
+TIME_PROX_S = "time_prox_s"  # the no-grad proximal pass
+TIME_UPDATE_S = "time_update_s"  # the AdamW steps
+TIME_DRIFT_S = "time_drift_s"  # the drift metrics' extra passes
+ESS_FRAC = "ess_frac"  # effective sample size of π_prox/μ over the tokens, / N
+IS_WEIGHT_MEAN = "is_weight_mean"  # mean behaviour weight π_prox/μ (relayrl.algo.losses)
+ENGINE_TRAINER_KL = "engine_trainer_kl_k3"  # KL(μ ‖ π_prox) at staleness 0
+BEHAV_KL = "behav_kl_k3"  # KL(μ ‖ π_θ) of the loss's tokens (relayrl.algo.losses)
+DRIFT_KL = "drift_kl_k3"  # KL(π_v ‖ π_v+1) on the batch's tokens (train.drift_metrics)
+BEHAV_PROX_KL = "behav_prox_kl_k3"  # KL(μ ‖ π_v) on the batch's tokens (train.drift_metrics)
+
+# ------------------------------------------------------------------ the loop (train/loop.py)
+STEP_TIME_S = "step_time_s"  # wall-clock seconds of the step, evaluation included
+ELAPSED_S = "elapsed_s"  # wall-clock seconds since the loop started
+TIME_WAIT_S = "time_wait_s"  # waiting for the batch
+TRAIN_TOKENS_PER_S = "train_tokens_per_s"
+
+# ------------------------------------------------------------------ held-out evaluation
+EVAL_PASS_AT_1 = "eval_pass@1"
+EVAL_VERSION = "eval_version"  # the weight version evaluated
+EVAL_PROBLEMS = "eval_problems"  # problems the evaluation graded
+TIME_EVAL_S = "time_eval_s"
+
+# ------------------------------------------------------------------ the live job (train/rl.py)
+PUBLISH_LATENCY_S = "publish_latency_s"
