@@ -9,13 +9,16 @@ The group never touches torch.distributed's default group: it is a ``ProcessGrou
 directly over its own ``TCPStore`` (rank 0 hosts it) under a ``PrefixStore`` named after the
 group, so the trainer can be an FSDP program with a default group of its own, and a group can
 be re-formed under a new name (after a server restart) without tearing anything else down.
-Every collective runs under the group's timeout: a peer that never joins, or dies, ends the
+Tensors travel in buckets (:func:`buckets`: consecutive tensors of one dtype flattened into
+one buffer of up to 64 MiB), one broadcast each: a model of hundreds of small tensors costs a
+few collectives, not hundreds. Every collective runs under the group's timeout: a peer that never joins, or dies, ends the
 wait with an error after at most ``timeout_s`` instead of hanging the run.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +28,7 @@ import torch.distributed as dist
 from relayrl.errors import RelayError
 
 BACKENDS = ("gloo",)
+BUCKET_BYTES = 64 * 2**20  # one broadcast carries up to this much (a larger tensor alone)
 
 # dtype names on the wire (SGLang sends the short names; "torch.<name>" is accepted too)
 DTYPES: dict[str, torch.dtype] = {
@@ -58,6 +62,26 @@ def tensor_specs(state: Mapping[str, torch.Tensor]) -> dict[str, list]:
         "dtypes": [dtype_name(t.dtype) for t in state.values()],
         "shapes": [list(t.shape) for t in state.values()],
     }
+
+
+def buckets(
+    specs: Sequence[tuple[torch.dtype, tuple[int, ...]]], bucket_bytes: int = BUCKET_BYTES
+) -> list[list[int]]:
+    """Indices of ``specs`` (dtype, shape) cut into buckets sent as one flat broadcast each:
+    consecutive tensors of one dtype, up to ``bucket_bytes`` (a larger tensor alone). Both
+    sides compute it from the announced specs, so it is never sent."""
+    out: list[list[int]] = []
+    size = 0
+    for i, (dtype, shape) in enumerate(specs):
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        same = out and specs[out[-1][0]][0] == dtype
+        if same and size + nbytes <= bucket_bytes:
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            size = nbytes
+    return out
 
 
 @dataclass
@@ -107,19 +131,23 @@ class TransferGroup:
         return self._pg
 
     def send(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Rank 0: broadcast every tensor, in order, to the other ranks."""
+        """Rank 0: broadcast every tensor, in order, to the other ranks (in buckets)."""
         group = self._group()
-        for tensor in tensors:
-            group.broadcast(tensor.detach().to("cpu").contiguous(), 0).wait()
+        specs = [(t.dtype, tuple(t.shape)) for t in tensors]
+        for bucket in buckets(specs):
+            flat = torch.cat([tensors[i].detach().to("cpu").reshape(-1) for i in bucket])
+            group.broadcast(flat, 0).wait()
 
     def receive(self, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]]) -> dict:
         """The other ranks: receive one tensor per ``(name, dtype, shape)``, in order."""
         group = self._group()
         state: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in specs:
-            tensor = torch.empty(tuple(shape), dtype=dtype)
-            group.broadcast(tensor, 0).wait()
-            state[name] = tensor
+        for bucket in buckets([(dtype, tuple(shape)) for _, dtype, shape in specs]):
+            sizes = [math.prod(specs[i][2]) for i in bucket]
+            flat = torch.empty(sum(sizes), dtype=specs[bucket[0]][1])
+            group.broadcast(flat, 0).wait()
+            for i, part in zip(bucket, flat.split(sizes), strict=True):
+                state[specs[i][0]] = part.view(tuple(specs[i][2]))
         return state
 
     def close(self) -> None:

@@ -90,6 +90,22 @@ def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
 
 
+class ModelSource:
+    """A bare model as a :class:`WeightSource`, its disk snapshot written as the trainer
+    writes one (``model.safetensors``, a tied tensor once): benchmarks and tests publish
+    with it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def save_weights(self, directory: Path) -> Path:
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(cpu_weights(self.model), str(directory / "model.safetensors"))
+        return directory
+
+
 class WeightPublisher(ABC):
     """One weight transport; see the module docstring for who calls what."""
 

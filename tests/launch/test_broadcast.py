@@ -31,27 +31,19 @@ from relayrl.engine.engine import Engine
 from relayrl.engine.transfer import tensor_specs
 from relayrl.engine.types import EngineOptions, SamplingParams
 from relayrl.engine.weights import weights_checksum
-from relayrl.launch.publish import BroadcastError, BroadcastPublisher, Snapshot, cpu_weights
+from relayrl.launch.publish import (
+    BroadcastError,
+    BroadcastPublisher,
+    ModelSource,
+    Snapshot,
+    cpu_weights,
+)
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
 
 DEADLINE_S = 6.0  # train.broadcast_timeout_s of these tests
 SLACK_S = 3.0  # what a failed publication may take past its deadline (answers, teardown)
-
-
-class FakeTrainer:
-    """The two things a publisher asks of the trainer: its model and a disk snapshot."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def save_weights(self, directory: Path) -> Path:
-        from safetensors.torch import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(cpu_weights(self.model), str(directory / "model.safetensors"))
-        return directory
 
 
 def perturbed(model_dir: Path, seed: int) -> torch.nn.Module:
@@ -98,7 +90,7 @@ def disk_reference(model_dir: Path, snapshot_dir: Path) -> list[list[int]]:
 
 
 def test_broadcast_gives_every_server_the_trainers_weights(servers, tiny_model_dir, tmp_path):
-    trainer = FakeTrainer(perturbed(tiny_model_dir, seed=1))
+    trainer = ModelSource(perturbed(tiny_model_dir, seed=1))
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1)
 
     async def main():
@@ -128,7 +120,7 @@ def test_broadcast_gives_every_server_the_trainers_weights(servers, tiny_model_d
 def test_a_server_that_never_joins_fails_formation_within_the_deadline(
     servers, tiny_model_dir, tmp_path
 ):
-    trainer = FakeTrainer(perturbed(tiny_model_dir, seed=2))
+    trainer = ModelSource(perturbed(tiny_model_dir, seed=2))
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1)
     stopped = servers.pids[1]
     os.kill(stopped, signal.SIGSTOP)
@@ -184,7 +176,7 @@ def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_a_new_
 
             client.update_weights = recording_update
             supervisor = ServerSupervisor(servers, client, max_restarts=1, publisher=publisher)
-            first = publisher.snapshot(FakeTrainer(old), tmp_path, 1)  # disk + broadcast
+            first = publisher.snapshot(ModelSource(old), tmp_path, 1)  # disk + broadcast
             await supervisor.publish(first.path, 1, first.state)
             assert publisher.group.name == "relayrl-w1"
 
