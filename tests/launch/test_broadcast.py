@@ -9,6 +9,8 @@ trainer (this process, rank 0) and two built-in servers.
 * a server SIGKILLed mid-broadcast fails the publication within its deadline naming it; under
   the supervisor the server is restarted, loads the last disk snapshot first, and rejoins
   under a new group name, and every server ends with the newest weights;
+* a server restarted between publications, when the newest one was broadcast only, loads the
+  last disk snapshot and is then brought to the newest version by broadcast;
 * bad requests to both new endpoints get a 4xx naming the field; the server stays up.
 """
 
@@ -129,22 +131,29 @@ def test_a_server_that_never_joins_fails_formation_within_the_deadline(
         async with RolloutClient(servers.urls, timeout=60) as client:
             snapshot = publisher.snapshot(trainer, tmp_path, 3)
             start = time.monotonic()
+            publication = asyncio.ensure_future(publisher.load(client, snapshot, "retract"))
+            # rollouts are not wedged meanwhile: the other server generates while it waits
+            async with RolloutClient(servers.urls[0]) as other:
+                served = await other.generate(PROMPTS[0], GREEDY)
+            generated_while_waiting = not publication.done()
             with pytest.raises(BroadcastError) as err:
-                await publisher.load(client, snapshot, "retract")
+                await publication
             elapsed = time.monotonic() - start
             os.kill(stopped, signal.SIGCONT)
             # the server resumes, gives up on the stale group, joins the new one
             publisher.timeout_s = 3 * DEADLINE_S
             await publisher.load(client, snapshot, "retract")
-            return str(err.value), elapsed, await checksums(client)
+            during = (generated_while_waiting, served)
+            return str(err.value), elapsed, await checksums(client), during
 
     try:
-        message, elapsed, after = asyncio.run(main())
+        message, elapsed, after, (generated_while_waiting, served) = asyncio.run(main())
     finally:
         resume_all(servers)
     assert servers.urls[1] in message and "did not join" in message, message
     assert "relayrl-w1" in message and "train.broadcast_timeout_s=6" in message, message
     assert DEADLINE_S - 0.5 <= elapsed <= DEADLINE_S + SLACK_S, elapsed
+    assert generated_while_waiting and len(served.output_ids) == GREEDY.max_new_tokens
     assert publisher.generation == 2 and publisher.group.name == "relayrl-w2"
     expected = weights_checksum(trainer.model.named_parameters())
     assert after == [(expected, 3), (expected, 3)]
@@ -206,6 +215,37 @@ def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_a_new_
     assert publisher.group is not None and publisher.group.name == "relayrl-w3"
     expected = weights_checksum(new.named_parameters())
     assert after == [(expected, 2), (expected, 2)]
+
+
+def test_a_server_restarted_between_publications_catches_up_to_a_broadcast_only_version(
+    servers, tiny_model_dir, tmp_path
+):
+    """Disk snapshot every second publication: v1 goes to disk, v2 is broadcast only. A
+    server that dies after v2 is restarted from v1 on disk (the client's failover path), the
+    group is re-formed under a new name and the held v2 is broadcast to every server."""
+    publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=2)
+    models = [perturbed(tiny_model_dir, seed=5), perturbed(tiny_model_dir, seed=6)]
+
+    async def main():
+        async with RolloutClient(servers.urls, timeout=60) as client:
+            supervisor = ServerSupervisor(servers, client, max_restarts=1, publisher=publisher)
+            paths = []
+            for version, model in enumerate(models, start=1):
+                snapshot = publisher.snapshot(ModelSource(model), tmp_path, version)
+                await supervisor.publish(snapshot.path, version, snapshot.state)
+                paths.append(snapshot.path)
+            victim = servers.urls[1]
+            os.kill(servers.pids[1], signal.SIGKILL)
+            new_url = await supervisor.recover(victim)
+            return paths, victim, new_url, supervisor.latest, await checksums(client)
+
+    paths, victim, new_url, latest, after = asyncio.run(main())
+    assert paths == [tmp_path / "v1", None] and latest == (tmp_path / "v1", 1)
+    assert new_url != victim and servers.urls[1] == new_url
+    assert publisher.group.name == "relayrl-w2"
+    expected = weights_checksum(models[1].named_parameters())
+    assert after == [(expected, 2), (expected, 2)]
+    publisher.close()
 
 
 BAD_INIT = [
