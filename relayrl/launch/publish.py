@@ -134,6 +134,10 @@ class WeightPublisher(ABC):
         finally:
             await client.continue_generation()
 
+    def stats(self) -> dict[str, float]:
+        """Counters for the run's summary."""
+        return {}
+
     def server_replaced(self, old: str, new: str) -> None:  # noqa: B027 - optional hook
         """Server ``old`` was restarted at ``new`` (it holds the last disk snapshot)."""
 
@@ -194,6 +198,10 @@ class BroadcastPublisher(WeightPublisher):
             path = trainer.save_weights(root / f"v{version}")
         self._snapshots += 1
         return Snapshot(version, path=path, state=cpu_weights(trainer.model))
+
+    def stats(self) -> dict[str, float]:
+        disk = (self._snapshots + self.snapshot_every - 1) // self.snapshot_every
+        return {"transfer_groups": float(self.generation), "disk_snapshots": float(disk)}
 
     def server_replaced(self, old: str, new: str) -> None:
         self.drop_group()  # the next publication re-forms it under a new name

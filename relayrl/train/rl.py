@@ -371,6 +371,8 @@ class _Job:
             rollout_engine=cfg.rollout.engine,
             publications=self.publications,
             publish_latency_mean_s=self.publish_total_s / max(self.publications, 1),
+            weight_transport=self.publisher.name,
+            **self.publisher.stats(),
         )
 
     def result(self, final: dict[str, Any] | None, seconds: float, **summary: Any) -> TrainResult:
