@@ -288,6 +288,9 @@ class BroadcastPublisher(WeightPublisher):
             _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
         for task in pending:
             task.cancel()
+        for task in everything - pending:  # retrieved: reported below, or superseded by it
+            if not task.cancelled():
+                task.exception()
         raise self._failure(tasks, local_task, what, verb)
 
     def _failure(
