@@ -1,6 +1,7 @@
 """The weight-transfer group (``relayrl.engine.transfer``) in one process: bucket layout by
 hand, a broadcast round trip of mixed dtypes that leaves torch.distributed's default group
-alone, a join that no peer answers failing within its timeout, dtype names, and the config
+alone (and works beside one), a join that no peer answers failing within its timeout, dtype
+names, and the config
 rule that keeps the broadcast transport to the built-in engine."""
 
 from __future__ import annotations
@@ -78,3 +79,30 @@ def test_broadcast_transport_with_vllm_is_a_config_error():
         load_config(None, ["rollout.engine=vllm", "train.weight_transport=broadcast"])
     config = load_config(None, ["train.weight_transport=broadcast"])
     assert config.train.weight_transport == "broadcast" and config.rollout.engine == "builtin"
+
+
+def test_a_transfer_group_beside_a_default_group_leaves_it_working():
+    """An FSDP trainer has a default group of its own: the transfer group must neither need
+    nor disturb it (one rank here; the default group's all-reduce works before and after)."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        port, received = free_port(), {}
+        thread = threading.Thread(
+            target=lambda: received.update(
+                TransferGroup.join("127.0.0.1", port, 1, 2, "relayrl-w1", 20.0).receive(
+                    [("w", F32, (3,))]
+                )
+            )
+        )
+        thread.start()
+        sender = TransferGroup.join("127.0.0.1", port, 0, 2, "relayrl-w1", 20.0)
+        sender.send([torch.tensor([1.0, 2.0, 3.0])])
+        thread.join(30)
+        sender.close()
+        total = torch.tensor([5.0])
+        dist.all_reduce(total)  # the default group: world size 1, untouched
+        assert dist.get_world_size() == 1 and total.item() == 5.0
+        assert torch.equal(received["w"], torch.tensor([1.0, 2.0, 3.0]))
+    finally:
+        dist.destroy_process_group()
