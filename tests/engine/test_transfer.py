@@ -1,8 +1,7 @@
 """The weight-transfer group (``relayrl.engine.transfer``) in one process: bucket layout by
 hand, a broadcast round trip of mixed dtypes that leaves torch.distributed's default group
 alone (and works beside one), a join that no peer answers failing within its timeout, dtype
-names, and the config
-rule that keeps the broadcast transport to the built-in engine."""
+names, and the config rule that keeps the broadcast transport to the built-in engine."""
 
 from __future__ import annotations
 
