@@ -26,9 +26,9 @@ load the latest disk snapshot with its version, reroute the client, and tell the
 publisher (``relayrl.launch.publish``: the broadcast transport re-forms its transfer group
 under a new name). When the newest publication was broadcast only (no disk snapshot of its
 own), the servers are then brought to it by one more broadcast of the held weights — unless a
-publication is under way, which repeats itself anyway. Restarts are
-counted over the run; one more failure than ``rollout.max_server_restarts`` stops the run with
-a RelayError naming the server, its exit status, the limit and the log.
+publication is under way, which repeats itself anyway. Restarts are counted over the run;
+one more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming
+the server, its exit status, the limit and the log.
 
 Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.launch.publish, relayrl.errors.
 """
@@ -186,7 +186,7 @@ class ServerSupervisor:
         await self.publisher.load(self.client, newest, self.publish_mode)
 
     async def _start_replacement(self, i: int) -> str:
-        """A fresh server ``i``, healthy and holding the latest published weights."""
+        """A fresh server ``i``, healthy and holding the latest disk snapshot."""
         self._starting.add(i)
         try:
             new = self.launcher.respawn(i)

@@ -14,10 +14,10 @@ admission bound would starve the trainer): the trainer snapshots its weights
 (``train.weight_transport``, ``relayrl.launch.publish``: a safetensors directory in
 ``/dev/shm`` when present, or a CPU copy broadcast to the servers over a gloo group) and goes
 on training while the servers load it in the background; the admission bound moves up once
-they have. ``train.publish_mode``: ``retract``
-(load only; each server re-queues its running requests and prefills them again under the
-new weights) or ``abort`` (``pause("abort")``, load, ``continue_generation()``; the client
-resubmits the aborted requests with their partial output).
+they have. ``train.publish_mode``: ``retract`` (load only; each server re-queues its running
+requests and prefills them again under the new weights) or ``abort`` (``pause("abort")``,
+load, ``continue_generation()``; the client resubmits the aborted requests with their
+partial output).
 
 Lag emulation (``rollout.lag`` fixed / uniform, docs/async.md): no rollout server; the job is
 ``relayrl.train.lag.LaggedJob``, which shares this job's setup and generates each batch in
