@@ -8,7 +8,7 @@ import argparse
 
 from relayrl.cli.common import add_module_subcommands, run_module_subcommand
 
-HELP = "run a benchmark (engine, async, trl, demo)"
+HELP = "run a benchmark (engine, async, trl, demo, publish, ...)"
 
 # benchmark name -> module under relayrl.bench
 BENCHMARKS: dict[str, str] = {
@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "http": "http",
     "trainer": "trainer",
     "demo": "demo",
+    "publish": "publish",
 }
 
 

@@ -337,6 +337,27 @@ class TrainConfig(Section):
         "CPython's default is 5 ms): how long the training thread can wait for the GIL "
         "while the controller's event loop holds it (docs/async.md, measured)",
     )
+    weight_transport: Literal["disk", "broadcast"] = Field(
+        "disk",
+        description="how published weights reach the rollout servers (docs/cluster.md): disk = "
+        "a safetensors snapshot in train.weights_dir that each server loads; broadcast = "
+        "HTTP control plus a gloo transfer group (trainer = rank 0) that broadcasts every "
+        "tensor to all servers (built-in engine only), re-formed under a new name after a "
+        "server restart",
+    )
+    broadcast_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="weight_transport=broadcast: deadline of forming the transfer group and "
+        "of each publication; past it the publication fails naming the server",
+    )
+    broadcast_snapshot_every: int = Field(
+        10,
+        ge=1,
+        description="weight_transport=broadcast: also write the disk snapshot (the restart "
+        "source) every k publications, the first always; a server restarted in between loads "
+        "it and then receives the newest weights by broadcast (1 = every publication)",
+    )
     weights_dir: str | None = Field(
         None,
         description="where published weights go (null: /dev/shm if present, else the run dir; "
@@ -542,6 +563,19 @@ class RunConfig(Section):
                 "process); launcher=ray needs rollout.lag=async"
             )
         return launcher
+
+    @field_validator("train")
+    @classmethod
+    def _broadcast_needs_builtin(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
+        rollout = info.data.get("rollout")
+        if train.weight_transport == "broadcast" and rollout is not None:
+            if rollout.engine != "builtin":
+                raise ValueError(
+                    "train.weight_transport=broadcast is implemented for the built-in engine; "
+                    f"rollout.engine={rollout.engine} uses the disk transport "
+                    "(train.weight_transport=disk)"
+                )
+        return train
 
     @field_validator("replay")
     @classmethod

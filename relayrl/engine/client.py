@@ -271,6 +271,22 @@ class RolloutClient:
             body["keep_kv"] = True
         return await self._broadcast("/update_weights_from_disk", body, urls)
 
+    async def init_weights_update_group(self, url: str, body: dict[str, Any]) -> Any:
+        """Ask the server at ``url`` to join a weight-transfer group (the broadcast transport:
+        ``relayrl.launch.publish``); returns when it has joined."""
+        return await self._request("POST", url, "/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(self, url: str, body: dict[str, Any]) -> Any:
+        """Ask the server at ``url`` to receive and load a broadcast publication; returns
+        when it has loaded it (rank 0 must broadcast meanwhile)."""
+        return await self._request("POST", url, "/update_weights_from_distributed", body)
+
+    async def weights_checksum(self) -> list[dict[str, Any]]:
+        """Each server's ``/weights_checksum`` (relayrl servers), in ``urls`` order."""
+        return list(
+            await asyncio.gather(*(self._request("GET", u, "/weights_checksum") for u in self.urls))
+        )
+
     # ------------------------------------------------------------------ generation
     async def generate_once(
         self,

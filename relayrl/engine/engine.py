@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Sequence_
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from relayrl.engine.types import (
     GenerationResult,
     SamplingParams,
 )
-from relayrl.engine.weights import read_state_dict
+from relayrl.engine.weights import check_shapes, model_checksum, read_state_dict
 from relayrl.errors import RelayError
 
 
@@ -246,6 +247,16 @@ class Engine:
         """
         state = source if isinstance(source, Mapping) else read_state_dict(source)
         return self._call(self._update_weights, state, version, keep_kv)
+
+    def check_weight_shapes(self, shapes: Mapping[str, Sequence_[int]]) -> None:
+        """RelayError unless ``shapes`` (name -> shape) matches the model's tensors: checked
+        before a broadcast update receives anything (shapes never change, so any thread)."""
+        check_shapes(self.runner.model, {name: tuple(shape) for name, shape in shapes.items()})
+
+    def weights_checksum(self) -> str:
+        """SHA-256 of the weights now loaded (``relayrl.engine.weights.weights_checksum``),
+        taken on the loop thread between two decode steps."""
+        return self._call(model_checksum, self.runner.model)
 
     def stats(self) -> dict[str, Any]:
         """Counters and the sizes of the request tables (read on the loop thread)."""

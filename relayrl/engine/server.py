@@ -2,7 +2,9 @@
 
 Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_generation``,
 ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info``,
-``GET /get_server_info``, and an OpenAI-compatible ``POST /v1/chat/completions`` with token
+``GET /get_server_info``, ``GET /weights_checksum``, the broadcast weight transport's
+``POST /init_weights_update_group`` and ``POST /update_weights_from_distributed``
+(``relayrl.engine.transfer``; docs/cluster.md), and an OpenAI-compatible ``POST /v1/chat/completions`` with token
 ids, logprobs and versions (``relayrl.engine.chat``). Request and response shapes follow
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
 ``error`` names the field; a client that disconnects mid-request has its request aborted.
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
+from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.errors import RelayError
 
@@ -107,6 +110,51 @@ class UpdateWeightsIn(_Strict):
     abort_all_requests: bool = False
     # relayrl extension: running requests keep their KV across the update (in-flight update)
     keep_kv: bool = False
+
+
+class InitGroupIn(_Strict):
+    """Join the weight-transfer group (SGLang's ``/init_weights_update_group``): this server
+    is rank ``rank_offset`` of ``world_size``, rank 0 (the trainer) hosts the rendezvous."""
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(gt=0, lt=65536)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = Field(min_length=1)
+    backend: str = "gloo"
+    # relayrl extension: the deadline of the join and of every broadcast in the group
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class UpdateDistributedIn(_Strict):
+    """Receive one publication by broadcast from rank 0 (SGLang's
+    ``/update_weights_from_distributed``): one tensor per name, in this order."""
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str
+    version: int | None = None
+    weight_version: int | None = None  # SGLang's name of ``version``
+    flush_cache: bool = True  # accepted as SGLang's; the KV is handled as keep_kv says
+    abort_all_requests: bool = False
+    keep_kv: bool = False
+
+    def specs(self) -> list[tuple[str, Any, list[int]]]:
+        """(name, dtype, shape) per tensor; ``ValueError`` names the bad field."""
+        n = len(self.names)
+        for field_name, values in (("dtypes", self.dtypes), ("shapes", self.shapes)):
+            if len(values) != n:
+                raise ValueError(f"{field_name}: {len(values)} entries for {n} names")
+        if len(set(self.names)) != n:
+            raise ValueError("names: a tensor is named twice")
+        dtypes = []
+        for i, name in enumerate(self.dtypes):
+            try:
+                dtypes.append(dtype_from_name(name))
+            except ValueError as exc:
+                raise ValueError(f"dtypes[{i}]: {exc}") from None
+        return list(zip(self.names, dtypes, self.shapes, strict=True))
 
 
 def is_loopback(host: str) -> bool:
@@ -289,24 +337,111 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         await engine.run_async("continue_generation")
         return {"success": True}
 
+    async def load(source: Any, version: int | None, keep_kv: bool, abort_all: bool) -> int:
+        """Load ``source`` (a path or a state dict) as a publication: the same pause, retract
+        and version bookkeeping whichever transport brought it."""
+        if abort_all:
+            await engine.run_async("pause", "abort")
+        try:
+            return await engine.run_async("update_weights", source, version, keep_kv)
+        finally:
+            if abort_all:
+                await engine.run_async("continue_generation")
+
     @app.post("/update_weights_from_disk")
     async def update_weights(body: UpdateWeightsIn):
-        if body.abort_all_requests:
-            await engine.run_async("pause", "abort")
         start = time.perf_counter()
         try:
-            version = await engine.run_async(
-                "update_weights", body.model_path, body.weight_version, body.keep_kv
+            version = await load(
+                body.model_path, body.weight_version, body.keep_kv, body.abort_all_requests
             )
         except RelayError as exc:
             return _error(400, f"model_path: {exc}")
-        finally:
-            if body.abort_all_requests:
-                await engine.run_async("continue_generation")
         return {
             "success": True,
             "message": f"loaded weights from {body.model_path} in {time.perf_counter() - start:.2f}s",
             "weight_version": version,
+        }
+
+    app.state.transfer = None  # the weight-transfer group joined, if any
+    transfer_lock = asyncio.Lock()  # one join or broadcast update at a time
+
+    @app.post("/init_weights_update_group")
+    async def init_group(body: InitGroupIn):
+        if body.backend not in BACKENDS:
+            return _error(
+                400,
+                f"backend: {body.backend!r} is not available on the built-in engine; "
+                f"expected one of {list(BACKENDS)}",
+            )
+        if body.rank_offset >= body.world_size:
+            return _error(
+                400, f"rank_offset: {body.rank_offset} is not below world_size {body.world_size}"
+            )
+        async with transfer_lock:
+            old, app.state.transfer = app.state.transfer, None
+            if old is not None:
+                old.close()
+            try:
+                group = await asyncio.to_thread(
+                    TransferGroup.join,
+                    body.master_address,
+                    body.master_port,
+                    body.rank_offset,
+                    body.world_size,
+                    body.group_name,
+                    body.timeout_s,
+                )
+            except RelayError as exc:
+                return _error(504, f"init_weights_update_group: {exc}")
+            app.state.transfer = group
+        return {"success": True, "message": f"joined {body.group_name!r} as rank {group.rank}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_from_distributed(body: UpdateDistributedIn):
+        try:
+            specs = body.specs()
+            engine.check_weight_shapes({name: shape for name, _, shape in specs})
+        except (ValueError, RelayError) as exc:
+            return _error(400, str(exc))
+        start = time.perf_counter()
+        async with transfer_lock:
+            group: TransferGroup | None = app.state.transfer
+            if group is None or group.name != body.group_name:
+                joined = "no group" if group is None else f"group {group.name!r}"
+                return _error(
+                    409,
+                    f"group_name: {body.group_name!r} is not the joined transfer group "
+                    f"(this server has {joined}); POST /init_weights_update_group first",
+                )
+            try:
+                state = await asyncio.to_thread(group.receive, specs)
+            except (RuntimeError, RelayError) as exc:
+                group.close()  # a broken group is never used again: the trainer re-forms it
+                app.state.transfer = None
+                return _error(
+                    500,
+                    f"update_weights_from_distributed: the broadcast in group "
+                    f"{body.group_name!r} failed ({exc}); the group is left, "
+                    "rejoin with /init_weights_update_group",
+                )
+        version = body.version if body.version is not None else body.weight_version
+        try:
+            version = await load(state, version, body.keep_kv, body.abort_all_requests)
+        except RelayError as exc:
+            return _error(400, f"names: {exc}")
+        return {
+            "success": True,
+            "message": f"received and loaded {len(specs)} tensors in "
+            f"{time.perf_counter() - start:.2f}s",
+            "weight_version": version,
+        }
+
+    @app.get("/weights_checksum")
+    async def checksum():
+        return {
+            "checksum": await engine.run_async("weights_checksum"),
+            "weight_version": engine.weight_version,
         }
 
     add_chat_route(app, engine)  # OpenAI-compatible /v1/chat/completions

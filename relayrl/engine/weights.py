@@ -1,11 +1,14 @@
 """Loading new weights into a live model: from a safetensors file, a Hugging Face directory of
-safetensors shards, or an in-memory state dict. Every tensor is checked (name, shape) before
-any parameter is overwritten, so a bad update leaves the model unchanged.
+safetensors shards, or an in-memory state dict (a disk publication or a broadcast one). Every
+tensor is checked (name, shape) before any parameter is overwritten, so a bad update leaves
+the model unchanged. :func:`weights_checksum`: one digest of a set of weights, the same on the
+trainer and on a server holding the same values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -51,23 +54,47 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``model`` in place after checking every name and shape."""
+def check_shapes(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """RelayError unless ``shapes`` (name -> shape) covers exactly ``model``'s tensors, each
+    with the model's shape (tied tensors may be given once)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     params.update(dict(model.named_buffers()))
-    unknown = sorted(set(state) - set(params))
+    unknown = sorted(set(shapes) - set(params))
     if unknown:
         raise RelayError(f"weights contain tensors the model does not have: {unknown[:5]}")
-    missing = sorted(set(params) - set(state) - _tied_names(model))
+    missing = sorted(set(params) - set(shapes) - _tied_names(model))
     missing = [n for n in missing if n in dict(model.named_parameters())]
     if missing:
         raise RelayError(f"weights are missing tensors of the model: {missing[:5]}")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(params[name].shape):
+    for name, shape in shapes.items():
+        if tuple(shape) != tuple(params[name].shape):
             raise RelayError(
-                f"weight {name!r} has shape {tuple(tensor.shape)}, "
+                f"weight {name!r} has shape {tuple(shape)}, "
                 f"the model expects {tuple(params[name].shape)}"
             )
+
+
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``model`` in place after checking every name and shape."""
+    check_shapes(model, {name: tuple(t.shape) for name, t in state.items()})
+    params = dict(model.named_parameters(remove_duplicate=False))
+    params.update(dict(model.named_buffers()))
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+
+def weights_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over ``(name, tensor)`` pairs in name order, each tensor's float32 bytes: equal
+    on trainer and server exactly when they hold the same values under the same names."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        digest.update(name.encode())
+        data = tensor.detach().to("cpu", torch.float32).contiguous()
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_checksum(model: torch.nn.Module) -> str:
+    """:func:`weights_checksum` of ``model``'s parameters (a tied tensor once)."""
+    return weights_checksum(model.named_parameters())

@@ -22,9 +22,13 @@ the publication's wait with a connection error; the publication then restarts th
 itself. Only a server being started (between spawn and healthy) is left alone.
 
 A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
-load the latest published weights with their version, reroute the client. Restarts are
-counted over the run; one more failure than ``rollout.max_server_restarts`` stops the run with
-a RelayError naming the server, its exit status, the limit and the log.
+load the latest disk snapshot with its version, reroute the client, and tell the weight
+publisher (``relayrl.launch.publish``: the broadcast transport re-forms its transfer group
+under a new name). When the newest publication was broadcast only (no disk snapshot of its
+own), the servers are then brought to it by one more broadcast of the held weights — unless a
+publication is under way, which repeats itself anyway. Restarts are counted over the run;
+one more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming
+the server, its exit status, the limit and the log.
 
 What the supervisor needs of the servers and of the client is written down as two
 Protocols, :class:`SupervisedServers` (``relayrl.launch.servers.ServerLauncher``, its Ray
@@ -32,7 +36,7 @@ subclass and ``ExternalServers`` implement it) and :class:`SupervisedClient`
 (``relayrl.engine.client.RolloutClient`` and ``VLLMClient``); the tests' fakes implement the
 same two (tests/launch/test_supervisor.py checks both sides against them).
 
-Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.errors.
+Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.launch.publish, relayrl.errors.
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from relayrl.engine.client import RolloutServerError
 from relayrl.errors import RelayError
+from relayrl.launch.publish import DiskPublisher, Snapshot, WeightPublisher
 from relayrl.launch.servers import healthy
 
 WATCH_INTERVAL_S = 0.5
@@ -130,6 +135,7 @@ class ServerSupervisor:
         max_restarts: int,
         hang_timeout_s: float = 60.0,
         publish_mode: str = "retract",
+        publisher: WeightPublisher | None = None,
     ) -> None:
         if publish_mode not in PUBLISH_MODES:
             raise ValueError(f"publish_mode must be one of {PUBLISH_MODES}, got {publish_mode!r}")
@@ -143,7 +149,10 @@ class ServerSupervisor:
         self.probe_timeout_s = min(HEALTH_TIMEOUT_S, hang_timeout_s / 2)
         self.restarts = 0
         self.failovers = 0
-        self.latest: tuple[Path, int] | None = None  # newest published weights, version
+        self.publisher = publisher or DiskPublisher()
+        self.latest: tuple[Path, int] | None = None  # newest disk snapshot, its version
+        self.newest: Snapshot | None = None  # newest publication (disk, broadcast or both)
+        self._publishing = False  # a publication holds the lock (and repeats itself)
         self._lock = asyncio.Lock()
         self._moved: dict[str, str] = {}  # old URL -> the URL of its replacement
         self._starting: set[int] = set()  # servers spawned but not yet healthy
@@ -154,33 +163,33 @@ class ServerSupervisor:
         return {"server_restarts": float(self.restarts), "server_failovers": float(self.failovers)}
 
     # ------------------------------------------------------------------ weights
-    async def publish(self, path: Path, version: int) -> None:
-        """Load ``path`` as ``version`` on every server. ``abort`` mode: pause (aborting
-        running requests, which the client resubmits), load, continue; ``retract`` mode:
-        load only, and each server re-queues its running requests itself; ``inflight``:
-        load only, running requests keep their KV. A server found
-        unreachable on the way is restarted (with these weights) and the publication
-        repeated; other errors propagate."""
+    async def publish(
+        self, path: Path | None, version: int, state: Mapping[str, Any] | None = None
+    ) -> None:
+        """Put publication ``version`` on every server through the weight publisher, under
+        ``publish_mode`` (see :meth:`WeightPublisher.load`): ``path`` is its disk snapshot
+        (None: broadcast only), ``state`` its weights to broadcast (None: disk only). A server
+        found unreachable on the way is restarted (with the latest disk snapshot) and the
+        publication repeated; other errors propagate."""
+        snapshot = Snapshot(version, Path(path) if path is not None else None, state)
         async with self._lock:
-            self.latest = (Path(path), version)
-            while True:
-                try:
-                    if self.publish_mode != "abort":
-                        keep_kv = self.publish_mode == "inflight"
-                        await self.client.update_weights(
-                            str(path), version=version, keep_kv=keep_kv
-                        )
-                        return
-                    await self.client.pause("abort")
+            if snapshot.path is not None:
+                self.latest = (snapshot.path, version)
+            self.newest = snapshot
+            self._publishing = True
+            try:
+                while True:
                     try:
-                        await self.client.update_weights(str(path), version=version)
-                    finally:
-                        await self.client.continue_generation()
-                    return
-                except RolloutServerError as exc:
-                    if not exc.unreachable:
-                        raise
-                    await self._recover_locked(exc.url, "stopped answering during a publication")
+                        await self.publisher.load(self.client, snapshot, self.publish_mode)
+                        return
+                    except RolloutServerError as exc:
+                        if not exc.unreachable:
+                            raise
+                        await self._recover_locked(
+                            exc.url, "stopped answering during a publication"
+                        )
+            finally:
+                self._publishing = False
 
     # ------------------------------------------------------------------ recovery
     async def recover(self, url: str) -> str:
@@ -231,10 +240,23 @@ class ServerSupervisor:
                 continue
             self.client.replace_url(old, new)
             self._moved[old] = new
+            self.publisher.server_replaced(old, new)
+            await self._catch_up()
             return new
 
+    async def _catch_up(self) -> None:
+        """After a restart outside a publication: if the newest publication was broadcast
+        only, the replacement holds an older disk snapshot; broadcast the newest weights to
+        every server again (the others reload the same version)."""
+        newest = self.newest
+        if self._publishing or newest is None or newest.state is None:
+            return
+        if self.latest is not None and self.latest[1] >= newest.version:
+            return
+        await self.publisher.load(self.client, newest, self.publish_mode)
+
     async def _start_replacement(self, i: int) -> str:
-        """A fresh server ``i``, healthy and holding the latest published weights."""
+        """A fresh server ``i``, healthy and holding the latest disk snapshot."""
         self._starting.add(i)
         try:
             new = self.launcher.respawn(i)

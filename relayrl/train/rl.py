@@ -10,12 +10,14 @@ worker thread so the event loop keeps feeding the servers meanwhile. With
 (``relayrl.train.distributed``), with the same interface.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
-admission bound would starve the trainer): the trainer saves a safetensors snapshot
-(``/dev/shm`` when present) and goes on training while the servers load it in the
-background; the admission bound moves up once they have. ``train.publish_mode``: ``retract``
-(load only; each server re-queues its running requests and prefills them again under the
-new weights) or ``abort`` (``pause("abort")``, load, ``continue_generation()``; the client
-resubmits the aborted requests with their partial output).
+admission bound would starve the trainer): the trainer snapshots its weights
+(``train.weight_transport``, ``relayrl.launch.publish``: a safetensors directory in
+``/dev/shm`` when present, or a CPU copy broadcast to the servers over a gloo group) and goes
+on training while the servers load it in the background; the admission bound moves up once
+they have. ``train.publish_mode``: ``retract`` (load only; each server re-queues its running
+requests and prefills them again under the new weights) or ``abort`` (``pause("abort")``,
+load, ``continue_generation()``; the client resubmits the aborted requests with their
+partial output).
 
 Lag emulation (``rollout.lag`` fixed / uniform, docs/async.md): no rollout server; the job is
 ``relayrl.train.lag.LaggedJob``, which shares this job's setup and generates each batch in
@@ -50,7 +52,9 @@ from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.backends import RolloutBackend, make_backend
+from relayrl.launch.publish import Snapshot, make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, RolloutController
 from relayrl.rollout.prompts import PromptLoader
@@ -247,20 +251,20 @@ class _Job:
         start = time.perf_counter()
         await self._finish_publication()
         version = self.trainer.version
-        path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
+        snapshot = await asyncio.to_thread(
+            self.publisher.snapshot, self.trainer, self.weights, version
+        )  # train.weight_transport: a disk snapshot, a CPU copy to broadcast, or both
         self._publication = asyncio.create_task(
-            self._load_into_servers(path, version, controller), name=f"publish-v{version}"
+            self._load_into_servers(snapshot, controller), name=f"publish-v{version}"
         )
         if wait:
             await self._finish_publication()
         return time.perf_counter() - start
 
-    async def _load_into_servers(
-        self, path: Path, version: int, controller: RolloutController
-    ) -> None:
-        start = time.perf_counter()
+    async def _load_into_servers(self, snapshot: Snapshot, controller: RolloutController) -> None:
+        start, version = time.perf_counter(), snapshot.version
         try:
-            await self.supervisor.publish(path, version)
+            await self.supervisor.publish(snapshot.path, version, snapshot.state)
         except Exception as exc:  # the trainer learns of it from its next batch
             controller.fail(exc)
             raise
@@ -268,7 +272,8 @@ class _Job:
         self.publish_seconds = time.perf_counter() - start
         self.publications += 1
         self.publish_total_s += self.publish_seconds
-        remove_older_snapshots(self.weights, version)
+        if self.supervisor.latest is not None:  # keep the newest disk snapshot (restarts)
+            remove_older_snapshots(self.weights, self.supervisor.latest[1])
 
     async def _finish_publication(self) -> None:
         """Wait for the publication in flight, if any (its error already reached the
@@ -310,6 +315,11 @@ class _Job:
         cfg = self.config
         self.interval = publish_interval(cfg.train.publish_every, cfg.rollout.eta)
         self.client = client = self.backend.client(urls, timeout=3600.0)
+        self.publisher = make_publisher(
+            cfg.train.weight_transport,
+            cfg.train.broadcast_timeout_s,
+            cfg.train.broadcast_snapshot_every,
+        )
         try:
             await self.backend.check_servers(client)
         except RolloutServerError:
@@ -323,6 +333,7 @@ class _Job:
             0 if cfg.rollout.server_urls else cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
+            self.publisher,
         )
         self.controller = controller = self.make_controller(
             # one HTTP exchange per group (its n samples as one batched /generate)
@@ -353,6 +364,7 @@ class _Job:
                 self._publication.cancel()
             await self._finish_publication()
             await controller.stop()
+            self.publisher.close()
             await client.close()
         return self.result(
             final,
@@ -360,6 +372,8 @@ class _Job:
             rollout_engine=cfg.rollout.engine,
             publications=self.publications,
             publish_latency_mean_s=self.publish_total_s / max(self.publications, 1),
+            weight_transport=self.publisher.name,
+            **self.publisher.stats(),
         )
 
     def result(self, final: dict[str, Any] | None, seconds: float, **summary: Any) -> TrainResult:
@@ -368,7 +382,7 @@ class _Job:
         return TrainResult(
             self.run_dir,
             self.config.train.total_steps,
-            final["eval_pass@1"] if final else None,
+            final[EVAL_PASS_AT_1] if final else None,
             self.training.evals,
             seconds,
             {"controller": self.controller.stats(), "grading": self.pool.stats(), **summary},
@@ -395,7 +409,7 @@ class _Job:
         t_sync = 0.0
         if not last_step and trainer_version - self.controller.published_version >= self.interval:
             t_sync = await self._publish(self.controller)
-        metrics: dict[str, Any] = {"time_sync_s": t_sync, "publish_latency_s": self.publish_seconds}
+        metrics: dict[str, Any] = {"time_sync_s": t_sync, PUBLISH_LATENCY_S: self.publish_seconds}
         metrics.update(self.rollout_counters())
         return metrics
 

@@ -123,9 +123,9 @@ def test_server_crash_and_hang_and_grader_faults_lose_no_prompt(
     faults = Faults(run)
     publish = ServerSupervisor.publish
 
-    async def publish_with_fault(self, path, version):
+    async def publish_with_fault(self, *args, **kwargs):
         faults.before_publish(self)
-        return await publish(self, path, version)
+        return await publish(self, *args, **kwargs)
 
     monkeypatch.setattr(ServerSupervisor, "publish", publish_with_fault)
     killer = threading.Thread(target=faults.kill_first_server, daemon=True)

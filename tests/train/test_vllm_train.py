@@ -102,9 +102,9 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(
     # publications land at random moments (0-0.3 s late): the bound must hold regardless
     rng, publish = random.Random(0), ServerSupervisor.publish
 
-    async def publish_late(self, path, version):
+    async def publish_late(self, *args, **kwargs):
         await asyncio.sleep(rng.uniform(0.0, 0.3))
-        return await publish(self, path, version)
+        return await publish(self, *args, **kwargs)
 
     monkeypatch.setattr(ServerSupervisor, "publish", publish_late)
     run = tmp_path / "rl"

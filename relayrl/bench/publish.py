@@ -1,0 +1,148 @@
+"""``relayrl bench publish [--quick]``: publication latency per weight transport (disk vs
+broadcast), side by side, on the demo's tiny model and on the ``small`` preset.
+
+Per preset: two ``relayrl serve`` processes over a fresh model, and this process as the
+trainer. Each round publishes new weights (seeded noise on the model) once per transport,
+the transports alternating within the round so both see the same machine load, each through
+its real publisher (``relayrl.launch.publish``) and the real client, ``publish_mode=retract``,
+servers idle. Per publication:
+
+* ``hold_s``: the trainer is held (``WeightPublisher.snapshot``): disk = write the safetensors
+  snapshot (``/dev/shm`` when present, as a run does); broadcast = a CPU copy of the weights
+  (its disk snapshot is written every ``train.broadcast_snapshot_every`` publications; here
+  only the first, outside the timed rounds);
+* ``load_s``: until every server has loaded it (``WeightPublisher.load``): disk = each server
+  reads the files; broadcast = HTTP announce, gloo broadcast, load (the group formed once,
+  before the timed rounds);
+* ``total_s`` = hold + load. Medians over the rounds; the ratios are broadcast / disk.
+
+The last line is ``publish_broadcast_vs_disk_<preset>=X.XX``, the total-latency ratio on the
+last preset (below 1: broadcast is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+HELP = "weight publication latency: disk vs broadcast transport, tiny and small presets"
+
+TRANSPORTS = ("disk", "broadcast")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="3 rounds (< 1 minute)")
+    parser.add_argument("--presets", default="tiny,small", help="comma-separated model presets")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10)")
+    parser.add_argument("--servers", type=int, default=2, help="rollout servers (default 2)")
+
+
+def snapshot_root() -> Path:
+    """A fresh directory for the disk snapshots: under /dev/shm when writable (as a run)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="relayrl-bench-publish-", dir=base))
+
+
+def nudge(model, seed: int) -> None:
+    """New weights for the next publication: seeded noise on every parameter."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=generator))
+
+
+async def publish_rounds(urls: list[str], model, root: Path, rounds: int) -> dict[str, dict]:
+    """Time ``rounds`` publications per transport; per transport, the median seconds of
+    each phase and the parameter count."""
+    from relayrl.engine.client import RolloutClient
+    from relayrl.launch.publish import BroadcastPublisher, DiskPublisher, ModelSource
+
+    source = ModelSource(model)
+    publishers = {"disk": DiskPublisher(), "broadcast": BroadcastPublisher(120.0, 10**9)}
+    times: dict[str, dict[str, list[float]]] = {
+        t: {"hold_s": [], "load_s": [], "total_s": []} for t in TRANSPORTS
+    }
+    version = 0
+    async with RolloutClient(urls, timeout=600.0) as client:
+        # untimed: the broadcast transport's first snapshot (written to disk) and group
+        for publisher in publishers.values():
+            version += 1
+            snapshot = await asyncio.to_thread(publisher.snapshot, source, root, version)
+            await publisher.load(client, snapshot, "retract")
+        for r in range(rounds):
+            order = TRANSPORTS if r % 2 == 0 else TRANSPORTS[::-1]
+            for name in order:
+                version += 1
+                nudge(model, version)
+                start = time.perf_counter()
+                snapshot = await asyncio.to_thread(publishers[name].snapshot, source, root, version)
+                held = time.perf_counter()
+                await publishers[name].load(client, snapshot, "retract")
+                done = time.perf_counter()
+                times[name]["hold_s"].append(held - start)
+                times[name]["load_s"].append(done - held)
+                times[name]["total_s"].append(done - start)
+        publishers["broadcast"].close()
+    return {t: {k: statistics.median(v) for k, v in times[t].items()} for t in TRANSPORTS}
+
+
+def measure(preset: str, args: argparse.Namespace) -> dict:
+    import shutil
+
+    from relayrl.launch.servers import ServerLauncher, ServerSpec
+    from relayrl.models.build import create_model_dir
+    from relayrl.models.loading import load_model
+    from relayrl.tasks.registry import make_task
+
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-publish-") as tmp:
+        model_dir = Path(tmp) / "model"
+        create_model_dir(model_dir, make_task("arithmetic"), preset, seed=0, corpus_size=500)
+        model = load_model(model_dir)
+        root = snapshot_root()
+        try:
+            spec = ServerSpec(str(model_dir))
+            with ServerLauncher(spec, num_servers=args.servers, log_dir=Path(tmp)) as launcher:
+                result = asyncio.run(publish_rounds(launcher.urls, model, root, args.rounds))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    result["params"] = sum(p.numel() for p in model.parameters())
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    args.rounds = args.rounds or (3 if args.quick else 10)
+    presets = [p for p in args.presets.split(",") if p]
+    print(
+        f"publish bench: {args.servers} servers, {args.rounds} rounds per transport "
+        "(alternating), publish_mode=retract, idle servers, medians in seconds"
+    )
+    last = 1.0
+    for preset in presets:
+        r = measure(preset, args)
+        mb = r["params"] * 4 / 2**20
+        for t in TRANSPORTS:
+            row = r[t]
+            print(
+                f"preset={preset} params={r['params']} fp32_MiB={mb:.1f} transport={t} "
+                f"hold_s={row['hold_s']:.4f} load_s={row['load_s']:.4f} "
+                f"total_s={row['total_s']:.4f}"
+            )
+        ratios = {k: r["broadcast"][k] / r["disk"][k] for k in ("hold_s", "load_s", "total_s")}
+        print(
+            f"preset={preset} broadcast/disk: hold={ratios['hold_s']:.2f} "
+            f"load={ratios['load_s']:.2f} total={ratios['total_s']:.2f}"
+        )
+        last = ratios["total_s"]
+    print(f"publish_broadcast_vs_disk_{presets[-1]}={last:.2f}")
+    return 0

@@ -1,0 +1,326 @@
+"""How trainer weights reach the rollout servers: the weight transports behind one interface
+(docs/cluster.md "Weight transports").
+
+Owns: :class:`Snapshot` (one publication: its version, the disk snapshot if one was written,
+the in-memory weights if they are to be broadcast), :class:`WeightPublisher` with
+:class:`DiskPublisher` (``train.weight_transport=disk``: a safetensors directory, each server
+loads it through ``/update_weights_from_disk``) and :class:`BroadcastPublisher`
+(``broadcast``: HTTP carries control, a gloo transfer group of the trainer (rank 0) and every
+server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError` and
+:func:`make_publisher`.
+
+A publisher is used in two places: the trainer side calls :meth:`WeightPublisher.snapshot`
+while the trainer is held (a consistent copy of the weights), then the
+:class:`~relayrl.launch.supervisor.ServerSupervisor`, under its lock, calls
+:meth:`WeightPublisher.load` to put that snapshot on every server and
+:meth:`WeightPublisher.server_replaced` when it has restarted one.
+
+The broadcast transport, with the peers' lessons (AReaL#1439 and trl#2923: a broadcast with no
+deadline hangs a run whose receiver never joins; verl#7910: a static group dies with one
+crashed server):
+
+* every step (joining the group, one publication) has one deadline,
+  ``train.broadcast_timeout_s``: the HTTP calls and the local collective run concurrently,
+  the collective on a thread with the group's own gloo timeout set to the deadline; the first
+  failure leaves the group (so every rank still waiting errors out at once) and the
+  publication fails with one error naming the server;
+* a server that cannot be reached fails as a :class:`RolloutServerError` with no HTTP status,
+  which the supervisor answers by restarting the server (it loads the last disk snapshot
+  first) and repeating the publication; anything else (a server that answers but never joins
+  or never receives) is a :class:`BroadcastError` that ends the publication;
+* the group is formed lazily and re-formed after any failure and after any server restart,
+  under a new versioned name ``relayrl-w<generation>`` on a fresh port, so a group never
+  outlives a member;
+* the disk path stays the restart source: the broadcast publisher also writes the disk
+  snapshot every ``train.broadcast_snapshot_every`` publications (the first always). A server
+  restarted between two snapshots loads the last one and is then brought to the newest
+  version by one more broadcast of the held weights (``ServerSupervisor``).
+
+Imports: relayrl.engine (client, transfer), relayrl.launch.servers (free ports),
+relayrl.errors, torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import torch
+
+from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.engine.transfer import TransferGroup, tensor_specs
+from relayrl.errors import RelayError
+from relayrl.launch.servers import free_port
+
+TRANSPORTS = ("disk", "broadcast")
+GROUP_PREFIX = "relayrl-w"
+
+
+class BroadcastError(RelayError):
+    """A broadcast publication (or the group's formation) failed; names the server."""
+
+
+class WeightSource(Protocol):
+    """What a publisher snapshots: the trainer (single-process, data-parallel or FSDP)."""
+
+    model: torch.nn.Module
+
+    def save_weights(self, directory: Path) -> Path: ...
+
+
+@dataclass
+class Snapshot:
+    """One publication. ``path``: the disk snapshot written for it (None: broadcast only);
+    ``state``: a CPU copy of the weights to broadcast (None: disk only)."""
+
+    version: int
+    path: Path | None = None
+    state: Mapping[str, torch.Tensor] | None = None
+
+
+def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``model``'s parameters, a tied tensor once (the engine's loader expects
+    exactly that, as in a disk snapshot): the trainer trains on while it is broadcast."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+
+
+class ModelSource:
+    """A bare model as a :class:`WeightSource`, its disk snapshot written as the trainer
+    writes one (``model.safetensors``, a tied tensor once): benchmarks and tests publish
+    with it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def save_weights(self, directory: Path) -> Path:
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(cpu_weights(self.model), str(directory / "model.safetensors"))
+        return directory
+
+
+class WeightPublisher(ABC):
+    """One weight transport; see the module docstring for who calls what."""
+
+    name: str
+
+    @abstractmethod
+    def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
+        """Capture the trainer's weights for publication ``version`` (blocking; the trainer
+        is held meanwhile); a disk snapshot goes to ``root/v<version>``."""
+
+    @abstractmethod
+    async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
+        """Put ``snapshot`` on every server of ``client`` (as one load each)."""
+
+    async def load(self, client: RolloutClient, snapshot: Snapshot, mode: str) -> None:
+        """Publish ``snapshot`` under ``train.publish_mode`` ``mode``: ``abort``: pause
+        (aborting running requests, which the client resubmits), load, continue;
+        ``retract``: load only, each server re-queues its running requests itself;
+        ``inflight``: load only, running requests keep their KV."""
+        if mode != "abort":
+            await self.transfer(client, snapshot, keep_kv=mode == "inflight")
+            return
+        await client.pause("abort")
+        try:
+            await self.transfer(client, snapshot, keep_kv=False)
+        finally:
+            await client.continue_generation()
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the run's summary."""
+        return {}
+
+    def server_replaced(self, old: str, new: str) -> None:  # noqa: B027 - optional hook
+        """Server ``old`` was restarted at ``new`` (it holds the last disk snapshot)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the transport holds (the end of the run)."""
+
+
+class DiskPublisher(WeightPublisher):
+    """``train.weight_transport=disk``: a safetensors snapshot per publication, loaded by
+    each server from the filesystem (``/update_weights_from_disk``)."""
+
+    name = "disk"
+
+    def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
+        return Snapshot(version, path=trainer.save_weights(root / f"v{version}"))
+
+    async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
+        if snapshot.path is None:
+            raise RelayError(f"publication v{snapshot.version} has no disk snapshot to load")
+        await client.update_weights(str(snapshot.path), version=snapshot.version, keep_kv=keep_kv)
+
+
+def address_towards(urls: list[str]) -> str:
+    """The address of this machine that the servers at ``urls`` can reach it on: loopback
+    when they are all local, else the source address of a route to the first one."""
+    from relayrl.engine.server import is_loopback
+
+    hosts = [urlsplit(u).hostname or "127.0.0.1" for u in urls]
+    if all(is_loopback(h) for h in hosts):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((hosts[0], 9))  # no packet is sent: this only picks the route
+        return s.getsockname()[0]
+
+
+class BroadcastPublisher(WeightPublisher):
+    """``train.weight_transport=broadcast``; see the module docstring."""
+
+    name = "broadcast"
+
+    def __init__(
+        self, timeout_s: float = 60.0, snapshot_every: int = 1, master_address: str | None = None
+    ) -> None:
+        if timeout_s <= 0 or snapshot_every < 1:
+            raise ValueError("timeout_s must be > 0 and snapshot_every >= 1")
+        self.timeout_s = timeout_s
+        self.snapshot_every = snapshot_every
+        self.master_address = master_address
+        self.generation = 0  # groups formed so far: the current one is relayrl-w<generation>
+        self.group: TransferGroup | None = None
+        self._members: list[str] = []  # the server URLs of the current group, by rank - 1
+        self._snapshots = 0
+
+    # ------------------------------------------------------------------ trainer side
+    def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
+        path = None
+        if self._snapshots % self.snapshot_every == 0:
+            path = trainer.save_weights(root / f"v{version}")
+        self._snapshots += 1
+        return Snapshot(version, path=path, state=cpu_weights(trainer.model))
+
+    def stats(self) -> dict[str, float]:
+        disk = (self._snapshots + self.snapshot_every - 1) // self.snapshot_every
+        return {"transfer_groups": float(self.generation), "disk_snapshots": float(disk)}
+
+    def server_replaced(self, old: str, new: str) -> None:
+        self.drop_group()  # the next publication re-forms it under a new name
+
+    def close(self) -> None:
+        self.drop_group()
+
+    def drop_group(self) -> None:
+        """Leave the current group (every rank still waiting in it errors out)."""
+        group, self.group, self._members = self.group, None, []
+        if group is not None:
+            group.close()
+
+    # ------------------------------------------------------------------ publication
+    async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
+        if snapshot.state is None:
+            raise RelayError(f"publication v{snapshot.version} has no weights to broadcast")
+        group = await self.ensure_group(client)
+        state = snapshot.state
+        body: dict[str, Any] = {
+            **tensor_specs(state),
+            "group_name": group.name,
+            "version": snapshot.version,
+            "keep_kv": keep_kv,
+        }
+        calls = {url: client.update_weights_from_distributed(url, body) for url in self._members}
+        send = asyncio.to_thread(group.send, list(state.values()))
+        what = f"broadcast of weights v{snapshot.version} in group {group.name!r}"
+        await self._all_or_fail(calls, send, what, "receive the weights")
+
+    async def ensure_group(self, client: RolloutClient) -> TransferGroup:
+        """The current group if it holds exactly ``client``'s servers, else a new one."""
+        urls = list(client.urls)
+        if self.group is not None and self._members == urls:
+            return self.group
+        self.drop_group()
+        self.generation += 1
+        name = f"{GROUP_PREFIX}{self.generation}"
+        address = self.master_address or address_towards(urls)
+        port = free_port()
+        world_size = len(urls) + 1
+        joined: dict[str, TransferGroup] = {}
+
+        def host() -> None:
+            joined["group"] = TransferGroup.join(address, port, 0, world_size, name, self.timeout_s)
+
+        calls = {
+            url: client.init_weights_update_group(
+                url,
+                {
+                    "master_address": address,
+                    "master_port": port,
+                    "rank_offset": rank,
+                    "world_size": world_size,
+                    "group_name": name,
+                    "backend": "gloo",
+                    "timeout_s": self.timeout_s,
+                },
+            )
+            for rank, url in enumerate(urls, start=1)
+        }
+        await self._all_or_fail(
+            calls, asyncio.to_thread(host), f"weight-transfer group {name!r}", "join"
+        )
+        self.group, self._members = joined["group"], urls
+        return self.group
+
+    async def _all_or_fail(self, calls: dict[str, Any], local: Any, what: str, verb: str) -> None:
+        """Run the servers' HTTP ``calls`` (URL -> coroutine) and this side's ``local``
+        collective together under one deadline; on the first failure or at the deadline,
+        leave the group and raise one error naming the server (see the module docstring)."""
+        tasks = {asyncio.ensure_future(c): url for url, c in calls.items()}
+        local_task = asyncio.ensure_future(local)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        everything = {*tasks, local_task}
+        done, pending = await asyncio.wait(
+            everything, timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION
+        )
+        if not pending and all(t.exception() is None for t in done):
+            return
+        self.drop_group()
+        if pending:  # the others now fail fast (the group is gone); wait for their answers
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+        for task in pending:
+            task.cancel()
+        for task in everything - pending:  # retrieved: reported below, or superseded by it
+            if not task.cancelled():
+                task.exception()
+        raise self._failure(tasks, local_task, what, verb)
+
+    def _failure(
+        self, tasks: dict[asyncio.Future, str], local: asyncio.Future, what: str, verb: str
+    ) -> Exception:
+        """The one error a failed step raises: a server that could not be reached first (the
+        supervisor restarts it), then a server's error answer, then the servers that did not
+        answer in time, then this side's own error."""
+        limit = f"train.broadcast_timeout_s={self.timeout_s:g}"
+        answered = {t: u for t, u in tasks.items() if t.done() and not t.cancelled()}
+        errors = {u: t.exception() for t, u in answered.items() if t.exception() is not None}
+        for url, exc in errors.items():
+            if isinstance(exc, RolloutServerError) and exc.unreachable:
+                return RolloutServerError(url, f"{what} failed: unreachable ({exc})")
+        if errors:  # a RolloutServerError names its server
+            return BroadcastError(f"{what} failed: {next(iter(errors.values()))}")
+        silent = [u for t, u in tasks.items() if t not in answered]
+        if silent:
+            return BroadcastError(
+                f"{what} failed: rollout server(s) {', '.join(silent)} did not {verb} within "
+                f"{limit} (hung, or unable to reach this trainer's transfer port)"
+            )
+        exc = local.exception() if local.done() and not local.cancelled() else None
+        return BroadcastError(f"{what} failed on the trainer side within {limit}: {exc!r}")
+
+
+def make_publisher(transport: str, timeout_s: float, snapshot_every: int) -> WeightPublisher:
+    """The publisher of ``train.weight_transport``."""
+    if transport == "disk":
+        return DiskPublisher()
+    if transport == "broadcast":
+        return BroadcastPublisher(timeout_s, snapshot_every)
+    raise ValueError(f"weight transport must be one of {TRANSPORTS}, got {transport!r}")
