@@ -69,6 +69,13 @@ class SFTConfig(Section):
         le=1,
         description="fraction of demonstrations with one wrong step (sets base pass@1)",
     )
+    task_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="task parameters for the demonstrations only, over task.params (e.g. "
+        "{tail: 0.75}: long arithmetic chains more often, so the rare step labels' lookup is "
+        "learned); evaluation and RL keep task.params, and the test split, chosen by problem "
+        "key, stays unseen",
+    )
     log_every: int = Field(50, gt=0)
 
 

@@ -169,6 +169,15 @@ def train_sft(
     return SFTResult(out_dir, sft.steps, loss_value, time.perf_counter() - start)
 
 
+def demonstration_task(config: RunConfig) -> SyntheticTask:
+    """The task SFT draws its demonstrations from: ``task.params`` with ``sft.task_params``
+    over them. Only the distribution changes: the test split is chosen by problem key, so
+    no held-out problem becomes a demonstration."""
+    from relayrl.tasks.registry import make_task
+
+    return make_task(config.task.name, {**config.task.params, **config.sft.task_params})
+
+
 def run_sft(config: RunConfig, progress: bool = True) -> float:
     """The `relayrl sft` job: build (or load) the model, SFT it, evaluate, return pass@1.
 
@@ -202,7 +211,9 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
             vocab_size=config.model.vocab_size,
         )
         model = model.to(config.model.device)
-    result = train_sft(config, task, model, tokenizer, run_dir / "sft_model", progress)
+    result = train_sft(
+        config, demonstration_task(config), model, tokenizer, run_dir / "sft_model", progress
+    )
     problems = task.problems("test", config.eval.num_problems, config.task.seed)
     options = EngineOptions(
         device=config.model.device, max_running_requests=256, max_seq_len=config.model.max_context

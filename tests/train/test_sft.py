@@ -3,8 +3,10 @@ import json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relayrl.cli import main
+from relayrl.config.loader import load_config
 from relayrl.models.loading import encode_prompt
-from relayrl.train.sft import IGNORE_INDEX, collate, encode_example
+from relayrl.tasks.registry import make_task
+from relayrl.train.sft import IGNORE_INDEX, collate, demonstration_task, encode_example
 
 
 def test_prompt_tokens_are_masked_and_eos_is_learned(tiny_model_dir):
@@ -59,3 +61,17 @@ def test_sft_command_end_to_end(tmp_path, capsys):
     assert sum(1 for _ in open(run / "sft_eval.jsonl")) == 20
     model = AutoModelForCausalLM.from_pretrained(run / "sft_model")
     assert type(model).__name__ == "Qwen3ForCausalLM"
+
+
+def test_sft_task_params_change_only_the_demonstrations():
+    """``sft.task_params`` reshapes the demonstrations (tail 1: every chain as long as it
+    may be), never the held-out split (chosen by key: no test problem is demonstrated)."""
+    config = load_config(None, ["sft.task_params={tail: 1.0}"])
+    demo = demonstration_task(config).problems("train", 300, 0)
+    assert {len(p.meta["ops"]) for p in demo} == {6}
+    default = make_task(config.task.name, config.task.params)
+    assert len({len(p.meta["ops"]) for p in default.problems("train", 300, 0)}) == 5
+    test_prompts = {p.prompt for p in default.problems("test", 500, 0)}
+    assert test_prompts.isdisjoint(
+        p.prompt for p in demonstration_task(config).problems("train", 5000, 0)
+    )
