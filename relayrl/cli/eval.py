@@ -1,6 +1,15 @@
 """``relayrl eval --model DIR --data NAME_OR_PATH --n K --temperature T``: generate with the
-built-in engine, grade (math-verify / sandboxed code in a process pool), report pass@1,
-unbiased pass@k and maj@k, and write a per-problem JSONL."""
+built-in engine in this process, or with rollout servers already running
+(``--server-url URL [--engine builtin|vllm]``: ``relayrl serve``, a vLLM server, servers of
+someone else), grade (math-verify / sandboxed code in a process pool), report pass@1,
+unbiased pass@k and maj@k, and write a per-problem JSONL.
+
+With ``--server-url`` the rollout backend of ``--engine`` (``relayrl.launch.backends``)
+gives the client class and the read-only protocol check; ``relayrl.eval.remote`` turns the
+client into the engine :func:`relayrl.eval.evaluate.evaluate` runs on. ``--model`` is still
+read: its tokenizer encodes the prompts and decodes the completions, so it must be the
+served model's.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument(
+        "--server-url",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="generate on this running rollout server instead of in process (repeat for "
+        "several; --threads, --device and --max-running-requests then do not apply)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="builtin",
+        help="protocol of --server-url: builtin (`relayrl serve`) or vllm",
+    )
+    parser.add_argument("--api-key", default=None, help="bearer token of --server-url")
 
 
 def _load(args: argparse.Namespace):
@@ -39,6 +62,31 @@ def _load(args: argparse.Namespace):
     if args.data in TASKS:
         return make_task(args.data).problems("test", args.limit or 500, seed=0)
     return load_problems(args.data, data_root=args.data_root, limit=args.limit)
+
+
+def _connect(args: argparse.Namespace):
+    """A :class:`RemoteEngine` over ``--server-url`` speaking ``--engine``'s protocol."""
+    from relayrl.config.loader import load_config
+    from relayrl.engine.client import RolloutServerError
+    from relayrl.errors import RelayError
+    from relayrl.eval.remote import RemoteEngine
+    from relayrl.launch.backends import BACKENDS, make_backend
+
+    if args.engine not in BACKENDS:
+        raise RelayError(
+            f"--engine: unknown backend {args.engine!r}; expected one of {sorted(BACKENDS)}"
+        )
+    bad = [u for u in args.server_url if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
+    backend = make_backend(load_config(None, [f"rollout.engine={args.engine}"]), args.model)
+    try:
+        return RemoteEngine(
+            lambda: backend.client(list(args.server_url), api_key=args.api_key),
+            check=backend.check_protocols,
+        )
+    except RolloutServerError as exc:
+        raise RelayError(f"--server-url: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
     )
-    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
-    engine = Engine.from_pretrained(args.model, options)
+    if args.server_url:
+        engine = _connect(args)
+    else:
+        options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
+        engine = Engine.from_pretrained(args.model, options)
     with engine, GradingPool(workers=args.workers, timeout_s=args.timeout) as pool:
         report = evaluate(
             engine,

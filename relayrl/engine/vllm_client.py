@@ -33,6 +33,7 @@ from relayrl.engine.client import (
     Generation,
     RolloutClient,
     RolloutServerError,
+    ServingInfo,
     _params_dict,
 )
 from relayrl.engine.types import SamplingParams
@@ -74,7 +75,7 @@ def span_versions(spans: list[dict[str, Any]] | None, n: int, url: str) -> list[
         label = str(span["version"])
         if int(span["start"]) != len(versions):
             raise RolloutServerError(url, f"weight_versions spans not contiguous: {spans}")
-        version = 0 if label == "default" else _int_version(label, url)
+        version = _int_version(label, url)
         versions += [version] * (int(span["end"]) - int(span["start"]))
     if len(versions) != n:
         raise RolloutServerError(url, f"weight_versions cover {len(versions)} of {n} tokens")
@@ -82,6 +83,9 @@ def span_versions(spans: list[dict[str, Any]] | None, n: int, url: str) -> list[
 
 
 def _int_version(label: str, url: str) -> int:
+    """A vLLM weight-version label as relayrl's version (the initial ``"default"`` is 0)."""
+    if label == "default":
+        return 0
     try:
         return int(label)
     except ValueError:
@@ -122,6 +126,19 @@ class VLLMClient(RolloutClient):
         return list(
             await asyncio.gather(*(self._request("GET", u, "/weight_info") for u in self.urls))
         )
+
+    async def serving_info(self) -> list[ServingInfo]:
+        """Each server's ``max_model_len`` (``/v1/models``) and weight version
+        (``/weight_info``: vLLM's label, ``"default"`` being version 0), in ``urls`` order."""
+        return list(await asyncio.gather(*(self._serving_info(u) for u in self.urls)))
+
+    async def _serving_info(self, url: str) -> ServingInfo:
+        models = await self._request("GET", url, "/v1/models")
+        lengths = [m.get("max_model_len") for m in (models or {}).get("data") or []]
+        if not lengths or not isinstance(lengths[0], int):
+            raise RolloutServerError(url, f"/v1/models names no max_model_len: {models!r}")
+        label = str((await self._request("GET", url, "/weight_info"))["weight_version"])
+        return ServingInfo(lengths[0], _int_version(label, url))
 
     async def _pause(self, mode: str, urls: list[str] | None = None) -> list[Any]:
         vllm_mode = PAUSE_MODES.get(mode)
