@@ -14,12 +14,16 @@ served model's.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 HELP = "evaluate a model on a benchmark or synthetic task: pass@1, pass@k, maj@k"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--model", default=None, help="Hugging Face model directory (default: --config's)"
+    )
     parser.add_argument(
         "--data",
         required=True,
@@ -49,8 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        default="builtin",
-        help="protocol of --server-url: builtin (`relayrl serve`) or vllm",
+        default=None,
+        help="protocol of --server-url: builtin (`relayrl serve`, the default) or vllm "
+        "(default with --config: its rollout.engine)",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="run config: its model.path, and its rollout servers (rollout.server_urls, or "
+        "launched through rollout.engine when that is not builtin)",
     )
     parser.add_argument("--api-key", default=None, help="bearer token of --server-url")
 
@@ -64,29 +75,83 @@ def _load(args: argparse.Namespace):
     return load_problems(args.data, data_root=args.data_root, limit=args.limit)
 
 
-def _connect(args: argparse.Namespace):
-    """A :class:`RemoteEngine` over ``--server-url`` speaking ``--engine``'s protocol."""
+def _run_config(args: argparse.Namespace):
+    """``--config`` loaded (None without it); its ``model.path`` is the default ``--model``."""
     from relayrl.config.loader import load_config
+    from relayrl.errors import RelayError
+
+    config = load_config(args.config) if args.config else None
+    if args.model is None:
+        if config is None or not config.model.path:
+            raise RelayError("--model: required (or a --config whose model.path is set)")
+        args.model = config.model.path
+    return config
+
+
+def _backend(args: argparse.Namespace, config):
+    """The rollout backend of ``--engine``, else of the config's ``rollout.engine``."""
+    from relayrl.config.loader import load_config
+    from relayrl.errors import RelayError
+    from relayrl.launch.backends import BACKENDS, make_backend
+
+    if config is None or args.engine is not None:
+        name = args.engine or "builtin"
+        if name not in BACKENDS:
+            raise RelayError(
+                f"--engine: unknown backend {name!r}; expected one of {sorted(BACKENDS)}"
+            )
+        config = load_config(args.config, [f"rollout.engine={name}"])
+    return make_backend(config, args.model)
+
+
+def _remote(backend, urls: list[str], api_key: str | None, origin: str):
+    """A :class:`RemoteEngine` over ``urls`` speaking ``backend``'s protocol; an unreachable
+    server is an error naming ``origin`` (where the URLs came from)."""
     from relayrl.engine.client import RolloutServerError
     from relayrl.errors import RelayError
     from relayrl.eval.remote import RemoteEngine
-    from relayrl.launch.backends import BACKENDS, make_backend
 
-    if args.engine not in BACKENDS:
-        raise RelayError(
-            f"--engine: unknown backend {args.engine!r}; expected one of {sorted(BACKENDS)}"
-        )
-    bad = [u for u in args.server_url if not u.startswith(("http://", "https://"))]
-    if bad:
-        raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
-    backend = make_backend(load_config(None, [f"rollout.engine={args.engine}"]), args.model)
     try:
         return RemoteEngine(
-            lambda: backend.client(list(args.server_url), api_key=args.api_key),
+            lambda: backend.client(list(urls), api_key=api_key),
             check=backend.check_protocols,
         )
     except RolloutServerError as exc:
-        raise RelayError(f"--server-url: {exc}") from exc
+        raise RelayError(f"{origin}: {exc}") from exc
+
+
+@contextmanager
+def _generation_engine(args: argparse.Namespace, config) -> Iterator:
+    """What generates: ``--server-url``; else the config's servers (``rollout.server_urls``,
+    or launched through its backend when ``rollout.engine`` is not the built-in one, and
+    stopped afterwards); else the built-in engine in this process."""
+    from relayrl.errors import RelayError
+
+    if args.server_url:
+        bad = [u for u in args.server_url if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
+        backend = _backend(args, config)
+        with _remote(backend, args.server_url, args.api_key, "--server-url") as engine:
+            yield engine
+        return
+    if config is not None and (config.rollout.server_urls or config.rollout.engine != "builtin"):
+        backend = _backend(args, config)
+        launcher = backend.launcher(None)
+        try:
+            urls = launcher.start()
+            origin = "rollout.server_urls" if config.rollout.server_urls else "launched server"
+            with _remote(backend, urls, args.api_key, origin) as engine:
+                yield engine
+        finally:
+            launcher.stop()
+        return
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.types import EngineOptions
+
+    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
+    with Engine.from_pretrained(args.model, options) as engine:
+        yield engine
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,8 +161,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from relayrl.config.schema import EvalConfig
-    from relayrl.engine.engine import Engine
-    from relayrl.engine.types import EngineOptions
     from relayrl.errors import RelayError
     from relayrl.eval.evaluate import evaluate, pool_grader
     from relayrl.models.loading import check_model_dir, load_tokenizer
@@ -105,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1 or args.temperature < 0 or args.max_new_tokens < 1:
         raise RelayError("--n and --max-new-tokens must be >= 1 and --temperature >= 0")
+    config = _run_config(args)
     check_model_dir(args.model)
     tokenizer = load_tokenizer(args.model)
     problems = _load(args)
@@ -117,12 +181,10 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
     )
-    if args.server_url:
-        engine = _connect(args)
-    else:
-        options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
-        engine = Engine.from_pretrained(args.model, options)
-    with engine, GradingPool(workers=args.workers, timeout_s=args.timeout) as pool:
+    with (
+        _generation_engine(args, config) as engine,
+        GradingPool(workers=args.workers, timeout_s=args.timeout) as pool,
+    ):
         report = evaluate(
             engine,
             tokenizer,

@@ -113,6 +113,19 @@ def parse_vllm_generation(url: str, data: dict[str, Any]) -> Generation:
     )
 
 
+def parse_serving_info(url: str, models: Any, weight_info: Any) -> ServingInfo:
+    """``GET /v1/models`` (the served model's ``max_model_len``) and ``GET /weight_info``
+    (``{"weight_version": label}``) as a :class:`ServingInfo`."""
+    data = models.get("data") if isinstance(models, dict) else None
+    length = data[0].get("max_model_len") if data and isinstance(data[0], dict) else None
+    if not isinstance(length, int):
+        raise RolloutServerError(url, f"/v1/models names no max_model_len: {models!r}")
+    label = weight_info.get("weight_version") if isinstance(weight_info, dict) else None
+    if label is None:
+        raise RolloutServerError(url, f"/weight_info names no weight_version: {weight_info!r}")
+    return ServingInfo(length, _int_version(str(label), url))
+
+
 class VLLMClient(RolloutClient):
     """:class:`RolloutClient` over vLLM servers; see the module docstring."""
 
@@ -134,11 +147,7 @@ class VLLMClient(RolloutClient):
 
     async def _serving_info(self, url: str) -> ServingInfo:
         models = await self._request("GET", url, "/v1/models")
-        lengths = [m.get("max_model_len") for m in (models or {}).get("data") or []]
-        if not lengths or not isinstance(lengths[0], int):
-            raise RolloutServerError(url, f"/v1/models names no max_model_len: {models!r}")
-        label = str((await self._request("GET", url, "/weight_info"))["weight_version"])
-        return ServingInfo(lengths[0], _int_version(label, url))
+        return parse_serving_info(url, models, await self._request("GET", url, "/weight_info"))
 
     async def _pause(self, mode: str, urls: list[str] | None = None) -> list[Any]:
         vllm_mode = PAUSE_MODES.get(mode)

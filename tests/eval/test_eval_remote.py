@@ -119,3 +119,59 @@ def test_unknown_engine_is_one_error_line(tiny_model_dir, capsys):
         tiny_model_dir, capsys, "--server-url", "http://127.0.0.1:1", "--engine", "sglang"
     )
     assert line.startswith("error: --engine: unknown backend 'sglang'")
+
+
+def test_config_server_urls_and_model_path_are_used(serve, tiny_model_dir, tmp_path, capsys):
+    """``--config``: its model.path is the model, its rollout.server_urls the servers."""
+    sampling = ("--temperature", "1", "--n", "2")
+    local, local_lines = eval_rows(tiny_model_dir, tmp_path, capsys, "local", *sampling)
+    url = serve(weight_version=4)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  path: {tiny_model_dir}\nrollout:\n  server_urls: [{url}]\n")
+    out = tmp_path / "config.jsonl"
+    options = ("--limit", "5", "--max-new-tokens", "20", "--seed", "7", "--workers", "1")
+    argv = ["eval", "--config", str(config), "--data", "arithmetic", "--out", str(out)]
+    assert main([*argv, *options, *sampling]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [json.loads(x) for x in out.read_text().splitlines()] == local
+    assert lines[2:] == local_lines[1:] and "weight_version=4" in lines[1]
+
+
+def test_config_vllm_without_vllm_is_one_error_line(tiny_model_dir, tmp_path, capsys):
+    """rollout.engine=vllm launches through the backend, which names the missing env."""
+    config = tmp_path / "run.yaml"
+    missing = tmp_path / "no-vllm" / "python"
+    config.write_text(
+        f"model:\n  path: {tiny_model_dir}\nrollout:\n  engine: vllm\n  vllm:\n"
+        f"    python: {missing}\n"
+    )
+    code = main(["eval", "--config", str(config), "--data", "arithmetic", "--limit", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1, err
+    assert err[0].startswith(f"error: rollout.vllm.python: {missing} is not an executable file")
+
+
+def test_no_model_and_no_config_is_one_error_line(capsys):
+    code = main(["eval", "--data", "arithmetic"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    assert err == ["error: --model: required (or a --config whose model.path is set)"]
+
+
+def test_the_servers_context_length_bounds_the_prompts(serve, tiny_model_dir, tmp_path, capsys):
+    """Prompts that leave no room in the server's max_seq_len are not sent: too_long."""
+    from relayrl.models.loading import encode_prompt, load_tokenizer
+    from relayrl.tasks.registry import make_task
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    lengths = [
+        len(encode_prompt(tokenizer, p.prompt))
+        for p in make_task("arithmetic").problems("test", 5, seed=0)
+    ]
+    context = sorted(lengths)[len(lengths) // 2] + 1  # some prompts fit, some do not
+    too_long = sum(n >= context for n in lengths)
+    assert 0 < too_long < len(lengths)
+    url = serve(max_seq_len=context)
+    rows, lines = eval_rows(tiny_model_dir, tmp_path, capsys, "short", "--server-url", url)
+    assert f"too_long_for_context={too_long}" in lines[0]
+    assert [r["too_long"] for r in rows] == [n >= context for n in lengths]
