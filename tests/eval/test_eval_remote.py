@@ -175,3 +175,32 @@ def test_the_servers_context_length_bounds_the_prompts(serve, tiny_model_dir, tm
     rows, lines = eval_rows(tiny_model_dir, tmp_path, capsys, "short", "--server-url", url)
     assert f"too_long_for_context={too_long}" in lines[0]
     assert [r["too_long"] for r in rows] == [n >= context for n in lengths]
+
+
+def test_weights_published_after_connecting_reject_the_evaluation(serve, tiny_model_dir):
+    """The per-token versions come over the wire: weights loaded on the server after the
+    engine read its version make :func:`evaluate` refuse the answers."""
+    import asyncio
+
+    from relayrl.config.schema import EvalConfig
+    from relayrl.engine.client import RolloutClient
+    from relayrl.eval.evaluate import evaluate
+    from relayrl.eval.remote import RemoteEngine
+    from relayrl.models.loading import load_tokenizer
+    from relayrl.tasks.registry import make_task
+
+    url = serve()
+    tokenizer = load_tokenizer(tiny_model_dir)
+    problems = make_task("arithmetic").problems("test", 2, seed=0)
+    cfg = EvalConfig(num_problems=2, n_samples=1, temperature=1.0, max_new_tokens=4)
+    with RemoteEngine(lambda: RolloutClient(url)) as engine:
+        assert engine.weight_version == 0
+        assert evaluate(engine, tokenizer, problems, cfg).weight_version == 0
+
+        async def publish() -> None:
+            async with RolloutClient(url) as client:
+                await client.update_weights(str(tiny_model_dir), version=1)
+
+        asyncio.run(publish())
+        with pytest.raises(RuntimeError, match="weights changed during an evaluation"):
+            evaluate(engine, tokenizer, problems, cfg)
