@@ -113,7 +113,8 @@ def _remote(backend, urls: list[str], api_key: str | None, origin: str):
 
     try:
         return RemoteEngine(
-            lambda: backend.client(list(urls), api_key=api_key),
+            # a request's time includes its wait in the server's queue: an hour, as training
+            lambda: backend.client(list(urls), api_key=api_key, timeout=3600.0),
             check=backend.check_protocols,
         )
     except RolloutServerError as exc:
@@ -161,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from relayrl.config.schema import EvalConfig
+    from relayrl.engine.client import RolloutServerError
     from relayrl.errors import RelayError
-    from relayrl.eval.evaluate import evaluate, pool_grader
+    from relayrl.eval.evaluate import WeightsChanged, evaluate, pool_grader
     from relayrl.models.loading import check_model_dir, load_tokenizer
     from relayrl.rewards.pool import GradingPool
 
@@ -185,15 +187,18 @@ def run(args: argparse.Namespace) -> int:
         _generation_engine(args, config) as engine,
         GradingPool(workers=args.workers, timeout_s=args.timeout) as pool,
     ):
-        report = evaluate(
-            engine,
-            tokenizer,
-            problems,
-            cfg,
-            seed=args.seed,
-            grader=pool_grader(pool),
-            progress=True,
-        )
+        try:
+            report = evaluate(
+                engine,
+                tokenizer,
+                problems,
+                cfg,
+                seed=args.seed,
+                grader=pool_grader(pool),
+                progress=True,
+            )
+        except (RolloutServerError, WeightsChanged) as exc:  # servers only
+            raise RelayError(f"evaluation failed: {exc}") from exc
         grading = pool.stats()
     out = Path(args.out or f"eval-{Path(args.data).stem}.jsonl")
     with open(out, "w") as f:

@@ -184,7 +184,7 @@ def test_weights_published_after_connecting_reject_the_evaluation(serve, tiny_mo
 
     from relayrl.config.schema import EvalConfig
     from relayrl.engine.client import RolloutClient
-    from relayrl.eval.evaluate import evaluate
+    from relayrl.eval.evaluate import WeightsChanged, evaluate
     from relayrl.eval.remote import RemoteEngine
     from relayrl.models.loading import load_tokenizer
     from relayrl.tasks.registry import make_task
@@ -202,5 +202,5 @@ def test_weights_published_after_connecting_reject_the_evaluation(serve, tiny_mo
                 await client.update_weights(str(tiny_model_dir), version=1)
 
         asyncio.run(publish())
-        with pytest.raises(RuntimeError, match="weights changed during an evaluation"):
+        with pytest.raises(WeightsChanged, match=r"started on version 0, tokens of version \[1\]"):
             evaluate(engine, tokenizer, problems, cfg)
