@@ -1,16 +1,29 @@
 """``relayrl eval --model DIR --data NAME_OR_PATH --n K --temperature T``: generate with the
-built-in engine, grade (math-verify / sandboxed code in a process pool), report pass@1,
-unbiased pass@k and maj@k, and write a per-problem JSONL."""
+built-in engine in this process, or with rollout servers already running
+(``--server-url URL [--engine builtin|vllm]``: ``relayrl serve``, a vLLM server, servers of
+someone else), grade (math-verify / sandboxed code in a process pool), report pass@1,
+unbiased pass@k and maj@k, and write a per-problem JSONL.
+
+With ``--server-url`` the rollout backend of ``--engine`` (``relayrl.launch.backends``)
+gives the client class and the read-only protocol check; ``relayrl.eval.remote`` turns the
+client into the engine :func:`relayrl.eval.evaluate.evaluate` runs on. ``--model`` is still
+read: its tokenizer encodes the prompts and decodes the completions, so it must be the
+served model's.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 HELP = "evaluate a model on a benchmark or synthetic task: pass@1, pass@k, maj@k"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--model", default=None, help="Hugging Face model directory (default: --config's)"
+    )
     parser.add_argument(
         "--data",
         required=True,
@@ -30,6 +43,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument(
+        "--server-url",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="generate on this running rollout server instead of in process (repeat for "
+        "several; --threads, --device and --max-running-requests then do not apply)",
+    )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        help="protocol of --server-url: builtin (`relayrl serve`, the default) or vllm "
+        "(default with --config: its rollout.engine)",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="run config: its model.path, and its rollout servers (rollout.server_urls, or "
+        "launched through rollout.engine when that is not builtin)",
+    )
+    parser.add_argument("--api-key", default=None, help="bearer token of --server-url")
 
 
 def _load(args: argparse.Namespace):
@@ -41,6 +75,86 @@ def _load(args: argparse.Namespace):
     return load_problems(args.data, data_root=args.data_root, limit=args.limit)
 
 
+def _run_config(args: argparse.Namespace):
+    """``--config`` loaded (None without it); its ``model.path`` is the default ``--model``."""
+    from relayrl.config.loader import load_config
+    from relayrl.errors import RelayError
+
+    config = load_config(args.config) if args.config else None
+    if args.model is None:
+        if config is None or not config.model.path:
+            raise RelayError("--model: required (or a --config whose model.path is set)")
+        args.model = config.model.path
+    return config
+
+
+def _backend(args: argparse.Namespace, config):
+    """The rollout backend of ``--engine``, else of the config's ``rollout.engine``."""
+    from relayrl.config.loader import load_config
+    from relayrl.errors import RelayError
+    from relayrl.launch.backends import BACKENDS, make_backend
+
+    if config is None or args.engine is not None:
+        name = args.engine or "builtin"
+        if name not in BACKENDS:
+            raise RelayError(
+                f"--engine: unknown backend {name!r}; expected one of {sorted(BACKENDS)}"
+            )
+        config = load_config(args.config, [f"rollout.engine={name}"])
+    return make_backend(config, args.model)
+
+
+def _remote(backend, urls: list[str], api_key: str | None, origin: str):
+    """A :class:`RemoteEngine` over ``urls`` speaking ``backend``'s protocol; an unreachable
+    server is an error naming ``origin`` (where the URLs came from)."""
+    from relayrl.engine.client import RolloutServerError
+    from relayrl.errors import RelayError
+    from relayrl.eval.remote import RemoteEngine
+
+    try:
+        return RemoteEngine(
+            # a request's time includes its wait in the server's queue: an hour, as training
+            lambda: backend.client(list(urls), api_key=api_key, timeout=3600.0),
+            check=backend.check_protocols,
+        )
+    except RolloutServerError as exc:
+        raise RelayError(f"{origin}: {exc}") from exc
+
+
+@contextmanager
+def _generation_engine(args: argparse.Namespace, config) -> Iterator:
+    """What generates: ``--server-url``; else the config's servers (``rollout.server_urls``,
+    or launched through its backend when ``rollout.engine`` is not the built-in one, and
+    stopped afterwards); else the built-in engine in this process."""
+    from relayrl.errors import RelayError
+
+    if args.server_url:
+        bad = [u for u in args.server_url if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
+        backend = _backend(args, config)
+        with _remote(backend, args.server_url, args.api_key, "--server-url") as engine:
+            yield engine
+        return
+    if config is not None and (config.rollout.server_urls or config.rollout.engine != "builtin"):
+        backend = _backend(args, config)
+        launcher = backend.launcher(None)
+        try:
+            urls = launcher.start()
+            origin = "rollout.server_urls" if config.rollout.server_urls else "launched server"
+            with _remote(backend, urls, args.api_key, origin) as engine:
+                yield engine
+        finally:
+            launcher.stop()
+        return
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.types import EngineOptions
+
+    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
+    with Engine.from_pretrained(args.model, options) as engine:
+        yield engine
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
@@ -48,15 +162,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from relayrl.config.schema import EvalConfig
-    from relayrl.engine.engine import Engine
-    from relayrl.engine.types import EngineOptions
+    from relayrl.engine.client import RolloutServerError
     from relayrl.errors import RelayError
-    from relayrl.eval.evaluate import evaluate, pool_grader
+    from relayrl.eval.evaluate import WeightsChanged, evaluate, pool_grader
     from relayrl.models.loading import check_model_dir, load_tokenizer
     from relayrl.rewards.pool import GradingPool
 
     if args.n < 1 or args.temperature < 0 or args.max_new_tokens < 1:
         raise RelayError("--n and --max-new-tokens must be >= 1 and --temperature >= 0")
+    config = _run_config(args)
     check_model_dir(args.model)
     tokenizer = load_tokenizer(args.model)
     problems = _load(args)
@@ -69,18 +183,22 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
     )
-    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
-    engine = Engine.from_pretrained(args.model, options)
-    with engine, GradingPool(workers=args.workers, timeout_s=args.timeout) as pool:
-        report = evaluate(
-            engine,
-            tokenizer,
-            problems,
-            cfg,
-            seed=args.seed,
-            grader=pool_grader(pool),
-            progress=True,
-        )
+    with (
+        _generation_engine(args, config) as engine,
+        GradingPool(workers=args.workers, timeout_s=args.timeout) as pool,
+    ):
+        try:
+            report = evaluate(
+                engine,
+                tokenizer,
+                problems,
+                cfg,
+                seed=args.seed,
+                grader=pool_grader(pool),
+                progress=True,
+            )
+        except (RolloutServerError, WeightsChanged) as exc:  # servers only
+            raise RelayError(f"evaluation failed: {exc}") from exc
         grading = pool.stats()
     out = Path(args.out or f"eval-{Path(args.data).stem}.jsonl")
     with open(out, "w") as f:

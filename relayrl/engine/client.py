@@ -82,6 +82,15 @@ class Generation:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ServingInfo:
+    """What a caller that only generates needs of one server: its context length (prompt +
+    output tokens per request) and the weight version it is serving now."""
+
+    max_seq_len: int
+    weight_version: int
+
+
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
     """Seed of a resubmitted request: a fixed function of the original seed and progress."""
     if seed is None:
@@ -239,6 +248,15 @@ class RolloutClient:
         return list(
             await asyncio.gather(*(self._request("GET", u, "/get_model_info") for u in self.urls))
         )
+
+    async def serving_info(self) -> list[ServingInfo]:
+        """Each server's context length and current weight version (``/get_model_info``),
+        in ``urls`` order."""
+        infos = await self.model_info()
+        return [
+            ServingInfo(int(i["max_context_length"]), int(i.get("weight_version") or 0))
+            for i in infos
+        ]
 
     async def server_info(self) -> list[dict[str, Any]]:
         """Each server's engine counters (``/get_server_info``), in ``urls`` order."""

@@ -33,6 +33,7 @@ from relayrl.engine.client import (
     Generation,
     RolloutClient,
     RolloutServerError,
+    ServingInfo,
     _params_dict,
 )
 from relayrl.engine.types import SamplingParams
@@ -74,7 +75,7 @@ def span_versions(spans: list[dict[str, Any]] | None, n: int, url: str) -> list[
         label = str(span["version"])
         if int(span["start"]) != len(versions):
             raise RolloutServerError(url, f"weight_versions spans not contiguous: {spans}")
-        version = 0 if label == "default" else _int_version(label, url)
+        version = _int_version(label, url)
         versions += [version] * (int(span["end"]) - int(span["start"]))
     if len(versions) != n:
         raise RolloutServerError(url, f"weight_versions cover {len(versions)} of {n} tokens")
@@ -82,6 +83,9 @@ def span_versions(spans: list[dict[str, Any]] | None, n: int, url: str) -> list[
 
 
 def _int_version(label: str, url: str) -> int:
+    """A vLLM weight-version label as relayrl's version (the initial ``"default"`` is 0)."""
+    if label == "default":
+        return 0
     try:
         return int(label)
     except ValueError:
@@ -109,6 +113,19 @@ def parse_vllm_generation(url: str, data: dict[str, Any]) -> Generation:
     )
 
 
+def parse_serving_info(url: str, models: Any, weight_info: Any) -> ServingInfo:
+    """``GET /v1/models`` (the served model's ``max_model_len``) and ``GET /weight_info``
+    (``{"weight_version": label}``) as a :class:`ServingInfo`."""
+    data = models.get("data") if isinstance(models, dict) else None
+    length = data[0].get("max_model_len") if data and isinstance(data[0], dict) else None
+    if not isinstance(length, int):
+        raise RolloutServerError(url, f"/v1/models names no max_model_len: {models!r}")
+    label = weight_info.get("weight_version") if isinstance(weight_info, dict) else None
+    if label is None:
+        raise RolloutServerError(url, f"/weight_info names no weight_version: {weight_info!r}")
+    return ServingInfo(length, _int_version(str(label), url))
+
+
 class VLLMClient(RolloutClient):
     """:class:`RolloutClient` over vLLM servers; see the module docstring."""
 
@@ -122,6 +139,15 @@ class VLLMClient(RolloutClient):
         return list(
             await asyncio.gather(*(self._request("GET", u, "/weight_info") for u in self.urls))
         )
+
+    async def serving_info(self) -> list[ServingInfo]:
+        """Each server's ``max_model_len`` (``/v1/models``) and weight version
+        (``/weight_info``: vLLM's label, ``"default"`` being version 0), in ``urls`` order."""
+        return list(await asyncio.gather(*(self._serving_info(u) for u in self.urls)))
+
+    async def _serving_info(self, url: str) -> ServingInfo:
+        models = await self._request("GET", url, "/v1/models")
+        return parse_serving_info(url, models, await self._request("GET", url, "/weight_info"))
 
     async def _pause(self, mode: str, urls: list[str] | None = None) -> list[Any]:
         vllm_mode = PAUSE_MODES.get(mode)

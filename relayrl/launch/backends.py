@@ -11,7 +11,8 @@ backend is two things that the run, the launcher and the supervisor use and noth
   the servers' API: generate with token ids in and token ids, per-token behaviour logprobs
   and per-token weight versions out; pause / resume / abort; load weights from a directory
   and set their version; health; server info. :meth:`RolloutBackend.check_servers` is the
-  protocol check run on every server before training (launched or external).
+  check run on every server before training (launched or external);
+  :meth:`RolloutBackend.check_protocols` the read-only one before an evaluation.
 
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
 ``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
@@ -65,9 +66,14 @@ class RolloutBackend(ABC):
         """The :class:`RolloutClient` (sub)class speaking these servers' protocol."""
 
     @abstractmethod
-    async def check_server(self, client: RolloutClient, url: str) -> None:
+    async def check_protocol(self, client: RolloutClient, url: str) -> None:
         """Raise RelayError if ``url`` answers but does not speak this backend's protocol
-        (RolloutServerError if it cannot be reached)."""
+        (RolloutServerError if it cannot be reached). Changes nothing on the server."""
+
+    async def check_server(self, client: RolloutClient, url: str) -> None:
+        """The check of a server a run is about to train with: :meth:`check_protocol`, and
+        whatever the backend sets up on it for a run."""
+        await self.check_protocol(client, url)
 
     def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
         return self.client_class()(urls, **kwargs)
@@ -96,8 +102,12 @@ class RolloutBackend(ABC):
         )
 
     async def check_servers(self, client: RolloutClient) -> None:
-        """The protocol check of every server of ``client``."""
+        """:meth:`check_server` on every server of ``client`` (before training)."""
         await asyncio.gather(*(self.check_server(client, url) for url in client.urls))
+
+    async def check_protocols(self, client: RolloutClient) -> None:
+        """:meth:`check_protocol` on every server of ``client`` (evaluation: read only)."""
+        await asyncio.gather(*(self.check_protocol(client, url) for url in client.urls))
 
 
 class BuiltinBackend(RolloutBackend):
@@ -119,7 +129,7 @@ class BuiltinBackend(RolloutBackend):
     def client_class(self) -> type[RolloutClient]:
         return RolloutClient
 
-    async def check_server(self, client: RolloutClient, url: str) -> None:
+    async def check_protocol(self, client: RolloutClient, url: str) -> None:
         await probe(
             client,
             url,
@@ -169,7 +179,7 @@ class VLLMBackend(RolloutBackend):
 
         return VLLMClient
 
-    async def check_server(self, client: RolloutClient, url: str) -> None:
+    async def check_protocol(self, client: RolloutClient, url: str) -> None:
         await probe(
             client,
             url,
@@ -179,6 +189,9 @@ class VLLMBackend(RolloutBackend):
             "processed_logprobs and --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
             "(docs/engine.md)",
         )
+
+    async def check_server(self, client: RolloutClient, url: str) -> None:
+        await self.check_protocol(client, url)
         # a run starts at version 0 (an external server may carry a label from before)
         await client._request("POST", url, "/update_weight_version", {"new_version": "0"})
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.engine.client import RolloutServerError
+from relayrl.engine.client import RolloutServerError, ServingInfo
 from relayrl.engine.types import SamplingParams
 from relayrl.engine.vllm_client import (
+    parse_serving_info,
     parse_vllm_generation,
     span_versions,
     vllm_sampling_params,
@@ -75,6 +76,21 @@ def test_an_answer_becomes_a_generation():
     missing = answer([4, 5], [-0.1, -9999.0], [{"version": "2", "start": 0, "end": 2}])
     with pytest.raises(RolloutServerError, match="logprobs missing"):
         parse_vllm_generation(URL, missing)
+
+
+def test_serving_info_from_models_and_weight_info():
+    """What evaluation reads of a vLLM server: context length and the version it serves."""
+    models = {"object": "list", "data": [{"id": "m", "max_model_len": 128, "root": "m"}]}
+    assert parse_serving_info(URL, models, {"weight_version": "default"}) == ServingInfo(128, 0)
+    assert parse_serving_info(URL, models, {"weight_version": "7"}) == ServingInfo(128, 7)
+    for bad_models, bad_info, match in (
+        ({"data": []}, {"weight_version": "1"}, "max_model_len"),
+        ({"data": [{"id": "m"}]}, {"weight_version": "1"}, "max_model_len"),
+        (models, {}, "weight_version"),
+        (models, {"weight_version": "step-3"}, "not an integer"),
+    ):
+        with pytest.raises(RolloutServerError, match=match):
+            parse_serving_info(URL, bad_models, bad_info)
 
 
 def test_the_server_command_asks_for_exact_rl_data():
