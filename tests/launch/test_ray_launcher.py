@@ -274,6 +274,65 @@ def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_mo
     assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
 
 
+def test_trainer_rank_1_runs_as_a_ray_actor_and_trains_as_the_local_rank_does(
+    cluster, tiny_model_dir, tmp_path
+):
+    """``train.world_size=2``, η = 0, one request at a time: with ``launcher=ray`` rank 1 is
+    a Ray actor on the cluster (cluster.json, its log) that rendezvouses with rank 0 over
+    gloo at rank 0's node address; the run trains the same batches (so the servers got the
+    same published weights: at η = 0 each step's behaviour logprobs come from the weights
+    published after the step before) and ends with bitwise the weights of the same run with
+    rank 1 as a local subprocess, and the same held-out figure."""
+    common = (
+        "rollout.eta=0", "rollout.max_running_requests=1", "train.total_steps=2",
+        "train.dump_trajectories=true", "train.save_final=true", "optim.lr=1e-4",
+        "train.world_size=2", "train.dist_timeout_s=300",  # rank start-up on a loaded host
+    )  # fmt: skip
+    local = graded(train_args(tiny_model_dir, tmp_path, "name=local", *common, "launcher=local"))
+    on_ray = graded(train_args(tiny_model_dir, tmp_path, "name=ray", *common))
+    done = cluster.run(f"{shell(local)} && {shell(on_ray)}", timeout=580)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    finals = [
+        json.loads((tmp_path / name / "train_summary.json").read_text())["final_pass@1"]
+        for name in ("local", "ray")
+    ]
+    assert finals[0] is not None and finals[0] == finals[1]  # the same held-out figure
+
+    info = json.loads((tmp_path / "ray" / "cluster.json").read_text())
+    assert [r["rank"] for r in info["trainer_ranks"]] == [1] and len(info["servers"]) == 1
+    rank1 = info["trainer_ranks"][0]
+    nodes = {n["NodeID"] for n in ray_nodes(cluster, tmp_path)}
+    assert rank1["node_id"] in nodes and rank1["node_ip"] == "127.0.0.1"
+    assert rank1["log"] == str(tmp_path / "ray" / "trainer-rank1.log")
+    log = Path(rank1["log"]).read_text()
+    assert f"trainer rank 1/2 ready (gloo, pid {rank1['pid']})" in log  # the worker entry point
+    assert not (tmp_path / "local" / "cluster.json").exists()
+
+    a, b = trajectories(tmp_path / "local"), trajectories(tmp_path / "ray")
+    assert len(a) == 2 * 2 * 4 and a == b
+    assert len({t["reward"] for t in a}) == 2  # rewards vary: real updates
+
+    from relayrl.models.loading import load_model
+
+    w_local = dict(load_model(tmp_path / "local" / "final_model").named_parameters())
+    w_init = dict(load_model(tiny_model_dir).named_parameters())
+    assert max((p - w_init[n]).abs().max().item() for n, p in w_local.items()) > 1e-5
+    w_ray = load_model(tmp_path / "ray" / "final_model").named_parameters()
+    assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
+
+
+def ray_nodes(cluster: Cluster, tmp_path: Path) -> list[dict]:
+    """``ray.nodes()`` of the test's cluster, read from inside its namespace."""
+    script = tmp_path / "nodes.py"
+    script.write_text(
+        f"import json, ray\nray.init(address='127.0.0.1:{PORT}', log_to_driver=False)\n"
+        "print(json.dumps([{'NodeID': n['NodeID'], 'Alive': n['Alive']} for n in ray.nodes()]))\n"
+    )
+    done = cluster.run(shell([sys.executable, str(script)]), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def metadata_script(ray_version: str | None) -> str:
     """Rewrite (or, with None, restore) the Ray version the cluster's GCS records."""
     code = textwrap.dedent(
