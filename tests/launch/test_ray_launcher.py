@@ -382,3 +382,85 @@ def test_bad_ray_addresses_fail_with_one_line_in_bounded_time(cluster, tiny_mode
         "node and the driver need the same versions (install them into this environment, or "
         "restart the cluster from it)"
     ), done.stderr[-2000:]
+
+
+def raylet_of(cluster: Cluster, resource: str) -> int:
+    """The pid of the raylet of the node started with custom resource ``resource``."""
+    for pid in cluster.pids():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name == "raylet" and resource.encode() in b" ".join(argv):
+                return pid
+    raise AssertionError(f"no raylet with {resource} in the namespace")
+
+
+def driver_pid(cluster: Cluster) -> int:
+    """The pid of the `relayrl train` process inside the namespace."""
+    for pid in cluster.pids():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"python") and b"relayrl.cli" in argv and b"train" in argv:
+                return pid
+    raise AssertionError("no relayrl train process in the namespace")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_killed_worker_raylet_is_survived_on_the_other_node(cluster, tiny_model_dir, tmp_path):
+    """Two half-CPU servers spread over the two nodes; after the first step the worker
+    node's raylet gets SIGKILL (the node is lost, with the server actor on it). Ray takes
+    a while to declare the node dead (its health checks), so the run is open-ended and is
+    stopped by SIGTERM once the server is back: respawned in its bundle, which Ray re-placed
+    on the head node (half a CPU free there), and two more steps trained with it. Every step
+    up to the last is trained, every sample once. Runs last: it restarts the worker node
+    afterwards."""
+    out = tmp_path / "out"
+    run = train_args(
+        tiny_model_dir, out, "rollout.num_servers=2", "ray.server_cpus=0.5",
+        "ray.placement_strategy=SPREAD", "train.total_steps=100000",
+    )  # fmt: skip
+    proc = cluster.popen(shell(run))
+    run_dir, killed, before, after = out / "run", None, None, None
+    try:
+        deadline = time.monotonic() + 500
+        while proc.poll() is None and time.monotonic() < deadline:
+            trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+            if killed is None and trained and (run_dir / "cluster.json").exists():
+                before = json.loads((run_dir / "cluster.json").read_text())["servers"]
+                killed = raylet_of(cluster, "node_b")
+                os.kill(killed, signal.SIGKILL)
+                killed_at = time.monotonic()
+            elif killed is not None and after is None:
+                servers = json.loads((run_dir / "cluster.json").read_text())["servers"]
+                if len({s["node_id"] for s in servers}) == 1:
+                    after, respawned_at = servers, len(trained)
+                    print(
+                        f"raylet SIGKILL -> server respawned: {time.monotonic() - killed_at:.0f}s"
+                    )
+            elif after is not None and len(trained) >= respawned_at + 2:
+                os.kill(driver_pid(cluster), signal.SIGTERM)  # stops after the step
+                break
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=max(60, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        resources = json.dumps({"node_b": 1})
+        cluster.run(
+            f"{RAY} start --address=127.0.0.1:{PORT} --num-cpus=1 --resources='{resources}' "
+            "--node-ip-address=127.0.0.1 --disable-usage-stats",
+            timeout=180,
+        )
+    assert after is not None, output[-3000:]  # the lost server came back on the head node
+    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # SIGTERM
+    assert len({s["node_id"] for s in before}) == 2  # one server per node before the kill
+    assert {s["node_id"] for s in after} <= {s["node_id"] for s in before}
+    trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+    steps = [r["step"] for r in trained]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= respawned_at + 2
+    assert trained[-1]["server_restarts"] >= 1
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    keys = [(r["group_id"], r["sample_index"]) for r in samples]
+    assert len(keys) == len(set(keys)) == len(steps) * 2 * 4  # every sample once, none lost
