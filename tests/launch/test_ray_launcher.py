@@ -333,6 +333,55 @@ def ray_nodes(cluster: Cluster, tmp_path: Path) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def test_a_killed_trainer_rank_actor_stops_the_run_naming_it_and_resume_continues(
+    cluster, tiny_model_dir, tmp_path
+):
+    """``train.world_size=2`` on Ray: rank 1's actor gets SIGKILL after the second
+    checkpoint (its worker dies with it): one error line naming rank 1, its pid and node, and
+    ``--resume``; the resumed run (rank 1 again an actor) trains every step, every sample once."""
+    steps = 5
+    run = train_args(
+        tiny_model_dir, tmp_path, "train.world_size=2", f"train.total_steps={steps}",
+        "train.checkpoint_every=1", "train.dist_timeout_s=300",
+    )  # fmt: skip
+    run_dir = tmp_path / "run"
+    proc = cluster.popen(f"{shell(run)} 2> {tmp_path / 'err.txt'}")
+    rank1 = None
+    try:
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (run_dir / "checkpoints" / "step-000002").is_dir():
+                rank1 = json.loads((run_dir / "cluster.json").read_text())["trainer_ranks"][0]
+                os.kill(rank1["actor_pid"], signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        output, _ = proc.communicate(timeout=max(60, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rank1 is not None, output[-3000:]
+    errors = [
+        ln for ln in (tmp_path / "err.txt").read_text().splitlines() if ln.startswith("error:")
+    ]
+    assert proc.returncode != 0 and len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(
+        f"error: trainer rank 1 (pid {rank1['pid']} on Ray node 127.0.0.1) died (killed by SIGKILL)"
+    ), errors[0]
+    assert f"--resume {run_dir}" in errors[0]
+
+    resumed = cluster.run(
+        shell([sys.executable, "-m", "relayrl.cli", "train", "--resume", str(run_dir)])
+    )
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    again = json.loads((run_dir / "cluster.json").read_text())["trainer_ranks"][0]
+    assert again["actor_pid"] != rank1["actor_pid"]  # a fresh actor
+    trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    keys = [(r["group_id"], r["sample_index"]) for r in samples]
+    assert len(keys) == len(set(keys)) == steps * 2 * 4  # every sample once, none lost
+
+
 def metadata_script(ray_version: str | None) -> str:
     """Rewrite (or, with None, restore) the Ray version the cluster's GCS records."""
     code = textwrap.dedent(
