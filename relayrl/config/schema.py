@@ -511,7 +511,8 @@ class ReplayConfig(Section):
 
 
 class RayConfig(Section):
-    """Where the rollout servers run with ``launcher: ray`` (docs/cluster.md)."""
+    """Where the rollout servers and trainer ranks 1..N-1 run with ``launcher: ray``
+    (docs/cluster.md)."""
 
     address: str = Field(
         "local",
@@ -532,8 +533,13 @@ class RayConfig(Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "SPREAD", description="placement group strategy of the rollout servers"
     )
+    trainer_placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="placement group strategy of trainer ranks 1..N-1 (train.world_size > "
+        "1: one bundle of train.trainer_threads CPUs, + 1 GPU on CUDA, per rank)",
+    )
     placement_timeout_s: float = Field(
-        60.0, gt=0, description="wait for the servers' resources before failing"
+        60.0, gt=0, description="wait for the servers' (or trainer ranks') resources before failing"
     )
 
 
@@ -555,8 +561,9 @@ class RunConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     launcher: Literal["local", "ray"] = Field(
         "local",
-        description="who starts the rollout servers: local = child processes of this one; "
-        "ray = Ray actors placed by a placement group (ray.*, docs/cluster.md)",
+        description="who starts the rollout servers and trainer ranks 1..N-1: local = child "
+        "processes of this one; ray = Ray actors placed by placement groups (ray.*, "
+        "docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
 

@@ -2,7 +2,9 @@
 
 Owns: :func:`connect` (``ray.init`` on ``ray.address``, with one clear error for an
 unreachable cluster or a Ray version mismatch), :class:`RayServerLauncher` and the actor
-class behind it. The launcher has the local launcher's interface (start, check, kill,
+classes (a process host per server or trainer rank), and what the trainer ranks' launcher
+(relayrl.launch.ray_ranks) shares with it: :func:`reserve` (a placement group per role, one
+error when it never comes), :func:`await_start` and :func:`update_cluster_file`. The launcher has the local launcher's interface (start, check, kill,
 respawn, wait_healthy, describe, stop), so the supervisor, the controller and the trainer
 work unchanged; only *where* a server runs differs:
 
@@ -190,41 +192,41 @@ def version_mismatch(
     )
 
 
-class _ServerHost:
-    """The Ray actor owning one rollout-server process on its node."""
+class _ProcessHost:
+    """The Ray actor owning one child process on its node (a server or a trainer rank)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.new_session = False
 
-    def start(self, spec: Any, index: int, log: str, log_mode: str) -> dict[str, Any]:
+    def _launch(
+        self, argv: list[str], env: dict[str, str], log: str, log_mode: str, new_session: bool
+    ) -> dict[str, Any]:
+        """Start ``argv`` as this actor's child (dying with it), output to ``log``; what
+        ``cluster.json`` records of it."""
         import ray
 
-        host = ray.util.get_node_ip_address()
-        spec = replace(spec, host=host)
-        port = free_port() if spec.port is None else spec.port + index
-        env = dict(os.environ, **spec.environment(index))
-        env[PARENT_ENV] = str(os.getpid())  # the server dies with this actor
+        env = dict(env)
+        env[PARENT_ENV] = str(os.getpid())
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, log_mode) as out:
             if log_mode == "a":
                 out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
                 out.flush()
             self.proc = subprocess.Popen(
-                spec.command(port),
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=spec.new_session,
+                start_new_session=new_session,
             )
-        self.new_session = spec.new_session
+        self.new_session = new_session
         return {
-            "url": f"http://{host}:{port}",
             "node_id": ray.get_runtime_context().get_node_id(),
-            "node_ip": host,
+            "node_ip": ray.util.get_node_ip_address(),
             "actor_pid": os.getpid(),
-            "server_pid": self.proc.pid,
+            "pid": self.proc.pid,
             "log": log,
             "versions": dict(zip(VERSION_KEYS, driver_versions(), strict=True)),
         }
@@ -249,6 +251,30 @@ class _ServerHost:
         return None
 
 
+class _ServerHost(_ProcessHost):
+    """The actor of one rollout server: the local launcher's server command, on this node's
+    address; the server dies with the actor (``PARENT_ENV``)."""
+
+    def start(self, spec: Any, index: int, log: str, log_mode: str) -> dict[str, Any]:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        spec = replace(spec, host=host)
+        port = free_port() if spec.port is None else spec.port + index
+        env = dict(os.environ, **spec.environment(index))
+        info = self._launch(spec.command(port), env, log, log_mode, spec.new_session)
+        info["server_pid"] = info.pop("pid")
+        return {"url": f"http://{host}:{port}", **info}
+
+
+class _RankHost(_ProcessHost):
+    """The actor of one trainer rank ≥ 1: the worker entry point the local launcher runs as a
+    subprocess (``relayrl.train.distributed.worker_main``), with its rendezvous environment."""
+
+    def start(self, argv: list[str], env: dict[str, str], log: str) -> dict[str, Any]:
+        return self._launch(argv, dict(os.environ, **env), log, "w", False)
+
+
 class RemoteServer:
     """A ``subprocess.Popen``-like handle on a server run by a :class:`_ServerHost` actor:
     what :class:`ServerLauncher` needs (``poll``, ``wait``, ``send_signal``, ``pid``). A dead
@@ -256,7 +282,7 @@ class RemoteServer:
 
     def __init__(self, actor: Any, info: dict[str, Any]) -> None:
         self.actor, self.info = actor, info
-        self.pid = int(info["server_pid"])
+        self.pid = int(info.get("server_pid") or info["pid"])
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -281,6 +307,9 @@ class RemoteServer:
     def send_signal(self, sig: int) -> None:
         with contextlib.suppress(Exception):
             self.actor.signal.remote(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -314,25 +343,13 @@ class RayServerLauncher(ServerLauncher):
         return bundle
 
     def _reserve(self) -> Any:
-        import ray
-        from ray.util.placement_group import placement_group
-
-        bundle = self._bundle()
-        group = placement_group(
-            [bundle] * self.num_servers, strategy=self.ray_config.placement_strategy
+        return reserve(
+            ROLE,
+            [self._bundle()] * self.num_servers,
+            self.ray_config.placement_strategy,
+            self.ray_config.placement_timeout_s,
+            "lower ray.server_cpus / rollout.num_servers or add nodes",
         )
-        try:
-            ray.get(group.ready(), timeout=self.ray_config.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.util.remove_placement_group(group)
-            raise RelayError(
-                f"Ray could not place the {ROLE}: {self.num_servers} × {bundle} "
-                f"({self.ray_config.placement_strategy}) within "
-                f"{self.ray_config.placement_timeout_s:.0f}s (ray.placement_timeout_s); the "
-                f"cluster has {ray.cluster_resources()} in all, {ray.available_resources()} "
-                "free; lower ray.server_cpus / rollout.num_servers or add nodes"
-            ) from None
-        return group
 
     def _spawn(self, i: int, log_mode: str) -> tuple[RemoteServer, Path, str]:
         return self._popen(i, log_mode)
@@ -353,26 +370,13 @@ class RayServerLauncher(ServerLauncher):
             name=None,
         ).remote()
         log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
-        try:
-            info = ray.get(
-                actor.start.remote(self.spec, i, str(log), log_mode),
-                timeout=self.startup_timeout_s,
-            )
-        except ray.exceptions.GetTimeoutError:
-            ray.kill(actor)
-            raise RelayError(
-                f"rollout server {i}: its Ray actor did not start within "
-                f"{self.startup_timeout_s:.0f}s (rollout.startup_timeout_s)"
-            ) from None
-        except ray.exceptions.RayError as exc:  # e.g. relayrl missing on that node
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-            raise RelayError(
-                f"rollout server {i}: its Ray actor failed to start: {lines[-1] if lines else exc}"
-            ) from None
-        problem = version_mismatch(info["versions"], *driver_versions())
-        if problem:
-            ray.kill(actor)
-            raise RelayError(f"rollout server {i} on Ray node {info['node_ip']}: {problem}")
+        info = await_start(
+            actor,
+            actor.start.remote(self.spec, i, str(log), log_mode),
+            f"rollout server {i}",
+            self.startup_timeout_s,
+            "rollout.startup_timeout_s",
+        )
         return RemoteServer(actor, info), log, info["url"]
 
     def respawn(self, i: int) -> str:
@@ -418,5 +422,56 @@ class RayServerLauncher(ServerLauncher):
             return
         servers = [{"index": i, **p.info} for i, p in enumerate(self._procs)]
         placement = {"role": ROLE, "bundle": self._bundle(), **self.ray_config.model_dump()}
-        path = self.log_dir / "cluster.json"
-        path.write_text(json.dumps({"placement": placement, "servers": servers}, indent=2))
+        update_cluster_file(self.log_dir, placement=placement, servers=servers)
+
+
+def update_cluster_file(run_dir: Path, **sections: Any) -> None:
+    """Set ``sections`` of ``<run>/cluster.json`` (servers, trainer ranks), keeping the others."""
+    path = run_dir / "cluster.json"
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**found, **sections}, indent=2))
+
+
+def reserve(
+    role: str, bundles: list[dict[str, float]], strategy: str, timeout_s: float, hint: str
+) -> Any:
+    """A ready placement group of ``bundles`` for ``role``; one error after ``timeout_s``
+    naming the role, the bundles, what the cluster has and ``hint`` (what to lower)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group(bundles, strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(group)
+        raise RelayError(
+            f"Ray could not place the {role}: {len(bundles)} × {bundles[0]} ({strategy}) "
+            f"within {timeout_s:.0f}s (ray.placement_timeout_s); the cluster has "
+            f"{ray.cluster_resources()} in all, {ray.available_resources()} free; {hint}"
+        ) from None
+    return group
+
+
+def await_start(actor: Any, ref: Any, what: str, timeout_s: float, key: str) -> dict[str, Any]:
+    """The info an actor's ``start`` returned, checked for the driver's versions; one error
+    naming ``what`` when it did not start within ``timeout_s`` (config ``key``) or failed."""
+    import ray
+
+    try:
+        info = ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(actor)
+        raise RelayError(
+            f"{what}: its Ray actor did not start within {timeout_s:.0f}s ({key})"
+        ) from None
+    except ray.exceptions.RayError as exc:  # e.g. relayrl missing on that node
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        raise RelayError(
+            f"{what}: its Ray actor failed to start: {lines[-1] if lines else exc}"
+        ) from None
+    problem = version_mismatch(info["versions"], *driver_versions())
+    if problem:
+        ray.kill(actor)
+        raise RelayError(f"{what} on Ray node {info['node_ip']}: {problem}")
+    return info

@@ -91,15 +91,17 @@ def check_trainer_ranks(config: Any) -> None:
             f"train.backend=nccl needs CUDA (model.device={config.model.device!r}, "
             f"torch.cuda.is_available()={torch.cuda.is_available()}); use train.backend=gloo"
         )
-    if on_cuda and t.world_size > torch.cuda.device_count():
+    # launcher=ray: only rank 0 runs here; Ray places the others (or says it cannot)
+    here = 1 if config.launcher == "ray" else t.world_size
+    if on_cuda and here > torch.cuda.device_count():
         raise RelayError(
             f"train.world_size={t.world_size} needs {t.world_size} GPUs; this node has "
             f"{torch.cuda.device_count()}"
         )
-    if not on_cuda and t.world_size * t.trainer_threads > available_cores():
+    if not on_cuda and here * t.trainer_threads > available_cores():
         raise RelayError(
             f"train.world_size={t.world_size} × train.trainer_threads={t.trainer_threads} "
-            f"needs {t.world_size * t.trainer_threads} cores; this process may use "
+            f"needs {here * t.trainer_threads} cores here; this process may use "
             f"{available_cores()} (lower train.world_size or train.trainer_threads)"
         )
     launched = os.environ.get("WORLD_SIZE") if torchrun_rank() is not None else None
@@ -151,12 +153,28 @@ def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: 
     )
 
 
-class WorkerRanks:
-    """The worker processes rank 0 started (none under torchrun, which owns them)."""
+def rank_environment(config: Any, rank: int, master_addr: str, port: int) -> dict[str, str]:
+    """What worker rank ``rank`` needs to join rank 0 at ``master_addr:port`` (a subprocess
+    or a Ray actor's child; ``PARENT_ENV`` is set by whoever starts it)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(config.train.world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": str(config.train.trainer_threads),
+        BACKEND_ENV: resolve_backend(config),
+        TIMEOUT_ENV: str(config.train.dist_timeout_s),
+    }
 
-    def __init__(
-        self, procs: dict[int, subprocess.Popen], logs: dict[int, Path], run_dir: Path
-    ) -> None:
+
+class WorkerRanks:
+    """The worker processes rank 0 started (none under torchrun, which owns them), as
+    ``Popen``-like handles by rank; ``master_addr`` is where rank 0 listens for them."""
+
+    master_addr = "127.0.0.1"
+
+    def __init__(self, procs: dict[int, Any], logs: dict[int, Path], run_dir: Path) -> None:
         self.procs, self.logs, self.run_dir = procs, logs, run_dir
 
     @classmethod
@@ -165,14 +183,7 @@ class WorkerRanks:
         for rank in range(1, config.train.world_size):
             env = {
                 **os.environ,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(config.train.world_size),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": str(config.train.trainer_threads),
-                BACKEND_ENV: resolve_backend(config),
-                TIMEOUT_ENV: str(config.train.dist_timeout_s),
+                **rank_environment(config, rank, cls.master_addr, port),
                 PARENT_ENV: str(os.getpid()),
             }
             logs[rank] = log_dir / f"trainer-rank{rank}.log"
@@ -185,6 +196,10 @@ class WorkerRanks:
                     stdin=subprocess.DEVNULL,
                 )
         return cls(procs, logs, log_dir)
+
+    def where(self, rank: int) -> str:
+        """Rank ``rank``'s process, for messages."""
+        return f"pid {self.procs[rank].pid}"
 
     def dead(self) -> list[tuple[int, int]]:
         """``(rank, returncode)`` of every worker that has exited."""
@@ -200,7 +215,7 @@ class WorkerRanks:
             if code < 0:
                 how = f"killed by {signal.Signals(-code).name}"
             return RelayError(
-                f"trainer rank {rank} (pid {self.procs[rank].pid}) died ({how}); the job "
+                f"trainer rank {rank} ({self.where(rank)}) died ({how}); the job "
                 f"stops: every rank takes part in each step (its log: {self.logs[rank]}). "
                 f"Continue from the last checkpoint with `relayrl train --resume {self.run_dir}`"
             )
@@ -223,7 +238,9 @@ def _init_rank0(config: Any, backend: str, workers: WorkerRanks, port: int | Non
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
     if port is not None:
         kwargs.update(
-            init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=config.train.world_size
+            init_method=f"tcp://{workers.master_addr}:{port}",
+            rank=0,
+            world_size=config.train.world_size,
         )
     errors: list[BaseException] = []
 
@@ -331,9 +348,14 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
     backend = resolve_backend(config)
     under_torchrun = torchrun_rank() is not None
     port = None if under_torchrun else (config.train.master_port or free_port())
-    workers = (
-        WorkerRanks({}, {}, log_dir) if under_torchrun else WorkerRanks.spawn(config, port, log_dir)
-    )
+    if under_torchrun:
+        workers = WorkerRanks({}, {}, log_dir)
+    elif config.launcher == "ray":  # ranks 1..N-1 as Ray actors (docs/cluster.md)
+        from relayrl.launch.ray_ranks import RayWorkerRanks
+
+        workers = RayWorkerRanks.spawn(config, port, log_dir)
+    else:
+        workers = WorkerRanks.spawn(config, port, log_dir)
     try:
         _init_rank0(config, backend, workers, port)
         control = _control_group(backend)

@@ -274,6 +274,114 @@ def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_mo
     assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
 
 
+def test_trainer_rank_1_runs_as_a_ray_actor_and_trains_as_the_local_rank_does(
+    cluster, tiny_model_dir, tmp_path
+):
+    """``train.world_size=2``, η = 0, one request at a time: with ``launcher=ray`` rank 1 is
+    a Ray actor on the cluster (cluster.json, its log) that rendezvouses with rank 0 over
+    gloo at rank 0's node address; the run trains the same batches (so the servers got the
+    same published weights: at η = 0 each step's behaviour logprobs come from the weights
+    published after the step before) and ends with bitwise the weights of the same run with
+    rank 1 as a local subprocess, and the same held-out figure."""
+    common = (
+        "rollout.eta=0", "rollout.max_running_requests=1", "train.total_steps=2",
+        "train.dump_trajectories=true", "train.save_final=true", "optim.lr=1e-4",
+        "train.world_size=2", "train.dist_timeout_s=300",  # rank start-up on a loaded host
+    )  # fmt: skip
+    local = graded(train_args(tiny_model_dir, tmp_path, "name=local", *common, "launcher=local"))
+    on_ray = graded(train_args(tiny_model_dir, tmp_path, "name=ray", *common))
+    done = cluster.run(f"{shell(local)} && {shell(on_ray)}", timeout=580)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    finals = [
+        json.loads((tmp_path / name / "train_summary.json").read_text())["final_pass@1"]
+        for name in ("local", "ray")
+    ]
+    assert finals[0] is not None and finals[0] == finals[1]  # the same held-out figure
+
+    info = json.loads((tmp_path / "ray" / "cluster.json").read_text())
+    assert [r["rank"] for r in info["trainer_ranks"]] == [1] and len(info["servers"]) == 1
+    rank1 = info["trainer_ranks"][0]
+    nodes = {n["NodeID"] for n in ray_nodes(cluster, tmp_path)}
+    assert rank1["node_id"] in nodes and rank1["node_ip"] == "127.0.0.1"
+    assert rank1["log"] == str(tmp_path / "ray" / "trainer-rank1.log")
+    log = Path(rank1["log"]).read_text()
+    assert f"trainer rank 1/2 ready (gloo, pid {rank1['pid']})" in log  # the worker entry point
+    assert not (tmp_path / "local" / "cluster.json").exists()
+
+    a, b = trajectories(tmp_path / "local"), trajectories(tmp_path / "ray")
+    assert len(a) == 2 * 2 * 4 and a == b
+    assert len({t["reward"] for t in a}) == 2  # rewards vary: real updates
+
+    from relayrl.models.loading import load_model
+
+    w_local = dict(load_model(tmp_path / "local" / "final_model").named_parameters())
+    w_init = dict(load_model(tiny_model_dir).named_parameters())
+    assert max((p - w_init[n]).abs().max().item() for n, p in w_local.items()) > 1e-5
+    w_ray = load_model(tmp_path / "ray" / "final_model").named_parameters()
+    assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
+
+
+def ray_nodes(cluster: Cluster, tmp_path: Path) -> list[dict]:
+    """``ray.nodes()`` of the test's cluster, read from inside its namespace."""
+    script = tmp_path / "nodes.py"
+    script.write_text(
+        f"import json, ray\nray.init(address='127.0.0.1:{PORT}', log_to_driver=False)\n"
+        "print(json.dumps([{'NodeID': n['NodeID'], 'Alive': n['Alive']} for n in ray.nodes()]))\n"
+    )
+    done = cluster.run(shell([sys.executable, str(script)]), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_killed_trainer_rank_actor_stops_the_run_naming_it_and_resume_continues(
+    cluster, tiny_model_dir, tmp_path
+):
+    """``train.world_size=2`` on Ray: rank 1's actor gets SIGKILL after the second
+    checkpoint (its worker dies with it): one error line naming rank 1, its pid and node, and
+    ``--resume``; the resumed run (rank 1 again an actor) trains every step, every sample once."""
+    steps = 5
+    run = train_args(
+        tiny_model_dir, tmp_path, "train.world_size=2", f"train.total_steps={steps}",
+        "train.checkpoint_every=1", "train.dist_timeout_s=300",
+    )  # fmt: skip
+    run_dir = tmp_path / "run"
+    proc = cluster.popen(f"{shell(run)} 2> {tmp_path / 'err.txt'}")
+    rank1 = None
+    try:
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (run_dir / "checkpoints" / "step-000002").is_dir():
+                rank1 = json.loads((run_dir / "cluster.json").read_text())["trainer_ranks"][0]
+                os.kill(rank1["actor_pid"], signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        output, _ = proc.communicate(timeout=max(60, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rank1 is not None, output[-3000:]
+    errors = [
+        ln for ln in (tmp_path / "err.txt").read_text().splitlines() if ln.startswith("error:")
+    ]
+    assert proc.returncode != 0 and len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(
+        f"error: trainer rank 1 (pid {rank1['pid']} on Ray node 127.0.0.1) died (killed by SIGKILL)"
+    ), errors[0]
+    assert f"--resume {run_dir}" in errors[0]
+
+    resumed = cluster.run(
+        shell([sys.executable, "-m", "relayrl.cli", "train", "--resume", str(run_dir)])
+    )
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    again = json.loads((run_dir / "cluster.json").read_text())["trainer_ranks"][0]
+    assert again["actor_pid"] != rank1["actor_pid"]  # a fresh actor
+    trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    keys = [(r["group_id"], r["sample_index"]) for r in samples]
+    assert len(keys) == len(set(keys)) == steps * 2 * 4  # every sample once, none lost
+
+
 def metadata_script(ray_version: str | None) -> str:
     """Rewrite (or, with None, restore) the Ray version the cluster's GCS records."""
     code = textwrap.dedent(
@@ -323,3 +431,85 @@ def test_bad_ray_addresses_fail_with_one_line_in_bounded_time(cluster, tiny_mode
         "node and the driver need the same versions (install them into this environment, or "
         "restart the cluster from it)"
     ), done.stderr[-2000:]
+
+
+def raylet_of(cluster: Cluster, resource: str) -> int:
+    """The pid of the raylet of the node started with custom resource ``resource``."""
+    for pid in cluster.pids():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name == "raylet" and resource.encode() in b" ".join(argv):
+                return pid
+    raise AssertionError(f"no raylet with {resource} in the namespace")
+
+
+def driver_pid(cluster: Cluster) -> int:
+    """The pid of the `relayrl train` process inside the namespace."""
+    for pid in cluster.pids():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"python") and b"relayrl.cli" in argv and b"train" in argv:
+                return pid
+    raise AssertionError("no relayrl train process in the namespace")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_killed_worker_raylet_is_survived_on_the_other_node(cluster, tiny_model_dir, tmp_path):
+    """Two half-CPU servers spread over the two nodes; after the first step the worker
+    node's raylet gets SIGKILL (the node is lost, with the server actor on it). Ray takes
+    a while to declare the node dead (its health checks), so the run is open-ended and is
+    stopped by SIGTERM once the server is back: respawned in its bundle, which Ray re-placed
+    on the head node (half a CPU free there), and two more steps trained with it. Every step
+    up to the last is trained, every sample once. Runs last: it restarts the worker node
+    afterwards."""
+    out = tmp_path / "out"
+    run = train_args(
+        tiny_model_dir, out, "rollout.num_servers=2", "ray.server_cpus=0.5",
+        "ray.placement_strategy=SPREAD", "train.total_steps=100000",
+    )  # fmt: skip
+    proc = cluster.popen(shell(run))
+    run_dir, killed, before, after = out / "run", None, None, None
+    try:
+        deadline = time.monotonic() + 500
+        while proc.poll() is None and time.monotonic() < deadline:
+            trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+            if killed is None and trained and (run_dir / "cluster.json").exists():
+                before = json.loads((run_dir / "cluster.json").read_text())["servers"]
+                killed = raylet_of(cluster, "node_b")
+                os.kill(killed, signal.SIGKILL)
+                killed_at = time.monotonic()
+            elif killed is not None and after is None:
+                servers = json.loads((run_dir / "cluster.json").read_text())["servers"]
+                if len({s["node_id"] for s in servers}) == 1:
+                    after, respawned_at = servers, len(trained)
+                    print(
+                        f"raylet SIGKILL -> server respawned: {time.monotonic() - killed_at:.0f}s"
+                    )
+            elif after is not None and len(trained) >= respawned_at + 2:
+                os.kill(driver_pid(cluster), signal.SIGTERM)  # stops after the step
+                break
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=max(60, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        resources = json.dumps({"node_b": 1})
+        cluster.run(
+            f"{RAY} start --address=127.0.0.1:{PORT} --num-cpus=1 --resources='{resources}' "
+            "--node-ip-address=127.0.0.1 --disable-usage-stats",
+            timeout=180,
+        )
+    assert after is not None, output[-3000:]  # the lost server came back on the head node
+    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # SIGTERM
+    assert len({s["node_id"] for s in before}) == 2  # one server per node before the kill
+    assert {s["node_id"] for s in after} <= {s["node_id"] for s in before}
+    trained = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train_tokens" in r]
+    steps = [r["step"] for r in trained]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= respawned_at + 2
+    assert trained[-1]["server_restarts"] >= 1
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    keys = [(r["group_id"], r["sample_index"]) for r in samples]
+    assert len(keys) == len(set(keys)) == len(steps) * 2 * 4  # every sample once, none lost
