@@ -3,7 +3,7 @@
 Owns: :func:`connect` (``ray.init`` on ``ray.address``, with one clear error for an
 unreachable cluster or a Ray version mismatch), :class:`RayServerLauncher` and the actor
 classes (a process host per server or trainer rank), and what the trainer ranks' launcher
-(relayrl.launch.ray_ranks) shares with it: :func:`reserve` (a placement group per role, one
+(relayrl.train.ray_ranks) shares with it: :func:`reserve` (a placement group per role, one
 error when it never comes), :func:`await_start` and :func:`update_cluster_file`. The launcher has the local launcher's interface (start, check, kill,
 respawn, wait_healthy, describe, stop), so the supervisor, the controller and the trainer
 work unchanged; only *where* a server runs differs:

@@ -351,7 +351,7 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
     if under_torchrun:
         workers = WorkerRanks({}, {}, log_dir)
     elif config.launcher == "ray":  # ranks 1..N-1 as Ray actors (docs/cluster.md)
-        from relayrl.launch.ray_ranks import RayWorkerRanks
+        from relayrl.train.ray_ranks import RayWorkerRanks
 
         workers = RayWorkerRanks.spawn(config, port, log_dir)
     else:
