@@ -136,8 +136,10 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(
 
     kl = [r["engine_trainer_kl_k3"] for r in steps if "engine_trainer_kl_k3" in r]
     print(f"engine_trainer_kl_k3: mean {sum(kl) / len(kl):.2e} max {max(kl):.2e}")
-    # present on the steps that trained tokens of the current version (at η = 4, ~1 in 3)
-    assert len(kl) >= 3 and max(kl) < MAX_MEAN_K3
+    # present on the steps that trained tokens of the current version: always step 1 (its
+    # samples are version 0, as is the trainer); how many later ones depends on the machine's
+    # timing (about 1 in 3 at η = 4 on an idle machine, 1 of 12 under a load of 10)
+    assert len(kl) >= 1 and max(kl) < MAX_MEAN_K3
     assert max(r["staleness_max"] for r in steps) <= ETA
     assert result.summary["publications"] == STEPS - 1
 
