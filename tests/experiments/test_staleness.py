@@ -230,3 +230,71 @@ def test_lag_flag_reaches_every_run_and_keeps_async_cells_apart(tmp_path):
     assert "rollout.lag" not in report.staleness_setting(plan.FULL)
     with pytest.raises(SystemExit):
         parser.parse_args(["--lag", "sometimes"])
+
+
+def test_grid_flags_choose_methods_etas_and_the_update(tmp_path):
+    """One invocation per setting of the lag study (docs/results/staleness_lag_plan.md):
+    methods, η values and the per-version update reach the cells and their configs; the
+    grid's shape never enters a cell's identity (saved cells stay reusable)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--methods",
+            "naive,recompute,decoupled_geo",
+            "--etas",
+            "0,8",
+            "--darl-etas",
+            "",
+            "--prompts-per-step",
+            "64",
+            "--ppo-minibatches",
+            "1",
+            "--ppo-epochs",
+            "1",
+            "--lag",
+            "fixed",
+        ]
+    )
+    budget = command.budget_from(args)
+    cells = plan.plan_cells(budget)
+    assert [c.name for c in cells if c.seed == 0] == [
+        "naive-eta0-seed0",
+        "recompute-eta0-seed0",
+        "decoupled_geo-eta0-seed0",
+        "naive-eta8-seed0",
+        "recompute-eta8-seed0",
+        "decoupled_geo-eta8-seed0",
+        # the full budget's D-ARL ablation at η = 8 stays unless --ablation-etas says so
+        *[f"{m}-eta8-seed0" for m in plan.ABLATIONS],
+    ]
+    geo = plan.cell_config(plan.Cell("decoupled_geo", 8, 1), budget, tmp_path / "m", tmp_path)
+    assert (geo.algo.loss, geo.algo.is_level, geo.algo.is_cap) == ("decoupled", "geometric", 2.0)
+    assert (geo.rollout.prompts_per_step, geo.optim.ppo_minibatches, geo.optim.ppo_epochs) == (
+        64,
+        1,
+        1,
+    )
+    recompute = plan.cell_config(plan.Cell("recompute", 0, 0), budget, tmp_path / "m", tmp_path)
+    assert recompute.algo.loss == "recompute"
+    assert "over_eta" not in budget.run_settings() and "compared" not in budget.run_settings()
+    assert budget.run_settings()["prompts_per_step"] == 64  # the update is part of a cell
+    empty = parser.parse_args(["--ablation-etas", "", "--darl-etas", ""])
+    assert {c.method for c in plan.plan_cells(command.budget_from(empty))} == set(plan.OVER_ETA)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--methods", "naive,bogus"], "--methods: unknown method(s) ['bogus']"),
+        (["--etas", "0,x"], "--etas: expected comma-separated integers"),
+        (["--etas", "4,4"], "--etas: expected distinct integers >= 0"),
+        (["--etas", ""], "--etas needs at least one η"),
+        (["--ppo-epochs", "0"], "--ppo-epochs must be >= 1, got 0"),
+    ],
+)
+def test_bad_grid_flags_are_one_clear_error(capsys, flags, message):
+    assert main(["experiment", "staleness", *flags]) != 0
+    assert message in capsys.readouterr().err

@@ -17,7 +17,10 @@ from typing import Any
 
 from relayrl.errors import RelayError
 from relayrl.experiments.staleness.plan import (
+    COMPARED,
     FULL,
+    OVER_ETA,
+    PRESETS,
     QUICK,
     QUICK_SFT,
     Budget,
@@ -65,6 +68,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", type=float, default=None, help="pass@1 target for sample efficiency"
     )
     parser.add_argument(
+        "--methods",
+        default=None,
+        help="table 1's methods, run at every η, comma-separated (default "
+        f"{','.join(OVER_ETA)}; known: {', '.join(PRESETS)})",
+    )
+    parser.add_argument(
+        "--compared",
+        default=None,
+        help=f"table 2's methods at the --darl-etas values (default {','.join(COMPARED)})",
+    )
+    parser.add_argument("--etas", default=None, help="table 1's η values, e.g. 0,2,4,8")
+    parser.add_argument(
+        "--darl-etas", default=None, help="table 2's η values (empty string: no table 2)"
+    )
+    parser.add_argument(
+        "--ablation-etas", default=None, help="table 3's η values (empty string: no table 3)"
+    )
+    parser.add_argument(
+        "--prompts-per-step", type=int, default=None, help="prompts per step of every run"
+    )
+    parser.add_argument(
+        "--ppo-minibatches", type=int, default=None, help="AdamW steps per batch of every run"
+    )
+    parser.add_argument(
+        "--ppo-epochs", type=int, default=None, help="passes over the mini-batches per batch"
+    )
+    parser.add_argument(
         "--lag",
         choices=("async", "fixed", "uniform"),
         default="async",
@@ -90,7 +120,50 @@ def budget_from(args: argparse.Namespace) -> Budget:
         if args.lr <= 0:
             raise RelayError("--lr must be > 0")
         updates["lr"] = args.lr
+    for flag, field in (
+        ("prompts_per_step", "prompts_per_step"),
+        ("ppo_minibatches", "ppo_minibatches"),
+        ("ppo_epochs", "ppo_epochs"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            if value < 1:
+                raise RelayError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+            updates[field] = value
+    for flag in ("methods", "compared"):
+        if getattr(args, flag, None) is not None:
+            updates["over_eta" if flag == "methods" else flag] = parse_methods(
+                getattr(args, flag), f"--{flag}"
+            )
+    for flag in ("etas", "darl_etas", "ablation_etas"):
+        if getattr(args, flag, None) is not None:
+            updates[flag] = parse_etas(getattr(args, flag), f"--{flag.replace('_', '-')}")
+    if not updates.get("etas", budget.etas):
+        raise RelayError("--etas needs at least one η")
     return replace(budget, **updates)
+
+
+def parse_methods(text: str, flag: str) -> tuple[str, ...]:
+    """``"naive,decoupled"`` -> ``("naive", "decoupled")``; every name a known preset."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        raise RelayError(
+            f"{flag}: unknown method(s) {unknown or [text]}; known: {', '.join(PRESETS)}"
+        )
+    return names
+
+
+def parse_etas(text: str, flag: str) -> tuple[int, ...]:
+    """``"0,4,8"`` -> ``(0, 4, 8)``; ``""`` -> ``()``; distinct integers ≥ 0."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        etas = tuple(int(p) for p in parts)
+    except ValueError:
+        raise RelayError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if any(e < 0 for e in etas) or len(set(etas)) != len(etas):
+        raise RelayError(f"{flag}: expected distinct integers >= 0, got {text!r}")
+    return etas
 
 
 def sft_base(args: argparse.Namespace, out: Path) -> dict[str, Any]:

@@ -39,10 +39,10 @@ from relayrl.experiments.staleness.stats import (
 )
 
 
-def table_eta(cells, etas: Sequence[int]) -> list[str]:
-    """One row per η with every :data:`OVER_ETA` method that has results."""
-    methods = [m for m in OVER_ETA if any((m, eta) in cells for eta in etas)]
-    names = " / ".join(SHORT[m] for m in methods)
+def table_eta(cells, etas: Sequence[int], over_eta: Sequence[str] = OVER_ETA) -> list[str]:
+    """One row per η with every ``over_eta`` method that has results."""
+    methods = [m for m in over_eta if any((m, eta) in cells for eta in etas)]
+    names = " / ".join(SHORT.get(m, m) for m in methods)
     lines = [
         "| η | "
         + " | ".join(f"{LABELS[m]} pass@1" for m in methods)
@@ -59,14 +59,16 @@ def table_eta(cells, etas: Sequence[int]) -> list[str]:
     return lines
 
 
-def table_darl(cells, etas: Sequence[int], target: float | None) -> list[str]:
+def table_darl(
+    cells, etas: Sequence[int], target: float | None, compared: Sequence[str] = COMPARED
+) -> list[str]:
     lines = [
         "| η | method | final pass@1 | samples to target (seed mean curve) | seeds reaching "
         "target | train wall time (s) | replayed share of trained samples |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for eta in etas:
-        for method in COMPARED:
+        for method in compared:
             runs = cells.get((method, eta), [])
             if not runs:
                 continue
@@ -111,7 +113,7 @@ def findings(cells, budget: Budget) -> list[str]:
     """Plain statements read off the numbers (no interpretation beyond the comparison)."""
     out = []
     lo = min(budget.etas)
-    for method in OVER_ETA:
+    for method in budget.over_eta:
         by_eta = {eta: cells[(method, eta)] for eta in budget.etas if (method, eta) in cells}
         if lo not in by_eta or len(by_eta) < 2:
             continue
@@ -264,11 +266,11 @@ def write_markdown(
         "",
         "## 1. Final pass@1 over the staleness bound η (AReaL Table 2 shape)",
         "",
-        *table_eta(cells, budget.etas),
+        *table_eta(cells, budget.etas, budget.over_eta),
         "",
         "## 2. D-ARL against the baselines",
         "",
-        *table_darl(cells, budget.darl_etas, target),
+        *table_darl(cells, budget.darl_etas, target, budget.compared),
         "",
         *(
             [
@@ -302,11 +304,12 @@ def write_plot(path: Path, results: Sequence[CellResult], budget: Budget) -> Non
     import matplotlib.pyplot as plt
 
     cells = group(results)
-    fig, axes = plt.subplots(
-        1, 1 + len(budget.darl_etas), figsize=(5 * (1 + len(budget.darl_etas)), 4)
+    fig, grid = plt.subplots(
+        1, 1 + len(budget.darl_etas), figsize=(5 * (1 + len(budget.darl_etas)), 4), squeeze=False
     )
+    axes = grid[0]
     ax = axes[0]
-    for method in OVER_ETA:
+    for method in budget.over_eta:
         etas = [e for e in budget.etas if (method, e) in cells]
         if not etas:
             continue
@@ -322,7 +325,7 @@ def write_plot(path: Path, results: Sequence[CellResult], budget: Budget) -> Non
     ax.set(title="final pass@1 vs staleness bound η", xlabel="η", ylabel="held-out pass@1")
     ax.legend()
     for ax, eta in zip(axes[1:], budget.darl_etas, strict=True):
-        for method in COMPARED:
+        for method in budget.compared:
             if (method, eta) in cells:
                 xs, ys = zip(*mean_curve(cells[(method, eta)]), strict=True)
                 ax.plot(xs, ys, marker="o", label=LABELS[method])
