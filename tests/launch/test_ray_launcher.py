@@ -242,6 +242,9 @@ def graded(args: list[str]) -> list[str]:
     return [sys.executable, "-c", PARITY_RUN, *config_and_overrides]
 
 
+# 50 s; the world-size-2 test below compares the same (trajectories and weights, local vs
+# ray) with a trainer rank on the cluster too: `pytest -m benchmark` runs this one
+@pytest.mark.benchmark
 def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_model_dir, tmp_path):
     """η = 0, one request at a time per server (the engine's batch composition is the one
     source of last-bit differences, docs/engine.md): the launcher only decides where the
@@ -333,6 +336,9 @@ def ray_nodes(cluster: Cluster, tmp_path: Path) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# 53 s; the local launcher's killed-rank test (tests/train/test_fsdp.py) covers the same
+# stop-and-resume path in the 15-minute suite: `pytest -m benchmark` runs this one
+@pytest.mark.benchmark
 def test_a_killed_trainer_rank_actor_stops_the_run_naming_it_and_resume_continues(
     cluster, tiny_model_dir, tmp_path
 ):

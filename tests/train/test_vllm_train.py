@@ -20,6 +20,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from relayrl.config.loader import load_config
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.train.rl import run_train
@@ -65,6 +67,10 @@ def kill_server_after(run: Path, step: int, done: threading.Event, killed: list[
     killed.append(pid)
 
 
+# 140 s on the 2-core CPU: `pytest -m benchmark` runs it. The 15-minute suite keeps an
+# end-to-end training on vLLM (tests/launch/test_vllm_backend.py, external server) and the
+# built-in engine's learning and restart tests (test_improves.py, test_server_restart.py).
+@pytest.mark.benchmark
 def test_async_run_on_vllm_improves_and_survives_a_killed_server(
     tmp_path, sft_model_dir, monkeypatch
 ):
