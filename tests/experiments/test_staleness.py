@@ -104,6 +104,19 @@ def test_ablation_cells_are_darl_with_one_override(tmp_path):
     )
 
 
+def test_sample_matched_control_is_decoupled_with_three_epochs(tmp_path):
+    """The control trains D-ARL's sample-passes: its override must win over the budget's."""
+    budget = replace(plan.FULL, lag="fixed")
+    cfg = plan.cell_config(plan.Cell("decoupled_matched", 8, 0), budget, tmp_path, tmp_path)
+    plain = plan.cell_config(plan.Cell("decoupled", 8, 0), budget, tmp_path, tmp_path)
+    assert (cfg.optim.ppo_epochs, plain.optim.ppo_epochs) == (3, 2)
+    assert cfg.algo == plain.algo and cfg.optim.ppo_minibatches == 4
+    settings = plan.cell_settings(plan.Cell("decoupled_matched", 8, 0), budget, tmp_path)
+    assert settings["control"] == ["optim.ppo_epochs=3"] and "control" not in (
+        plan.cell_settings(plan.Cell("decoupled", 8, 0), budget, tmp_path)
+    )
+
+
 def test_darl_window_is_part_of_darl_cells_settings_only(tmp_path):
     wider = replace(plan.FULL, darl_k_beyond_eta=8)
     naive = plan.Cell("naive", 4, 0)

@@ -28,6 +28,7 @@ PRESETS = {
     "darl_noreplay": "darl.yaml",
     "darl_uniform": "darl.yaml",
     "darl_noselect": "darl.yaml",
+    "decoupled_matched": "async_decoupled.yaml",
 }
 
 
@@ -36,6 +37,14 @@ ABLATIONS = {
     "darl_noreplay": ["replay.batch_fraction=0"],
     "darl_uniform": ["replay.weighting=uniform"],
     "darl_noselect": ["replay.select=none"],
+}
+
+
+# Controls that are a preset plus overrides but not part of D-ARL's ablation. D-ARL trains
+# up to 1.5 x the fresh samples per version (replay.batch_fraction 0.5), so the
+# sample-matched control passes over each batch 3 times instead of 2.
+CONTROLS = {
+    "decoupled_matched": ["optim.ppo_epochs=3"],
 }
 
 
@@ -51,6 +60,7 @@ LABELS = {
     "darl_noreplay": "D-ARL without replay (ESS weights over fresh samples only)",
     "darl_uniform": "D-ARL with uniform weights (replay + selection)",
     "darl_noselect": "D-ARL without variance selection",
+    "decoupled_matched": "decoupled PPO, 3 epochs (D-ARL's sample-passes)",
 }
 
 
@@ -224,6 +234,8 @@ def cell_settings(cell: Cell, budget: Budget, model_dir: Path) -> dict[str, Any]
         settings["replay_k"] = budget.darl_k(cell.eta)
     if cell.method in ABLATIONS:
         settings["ablation"] = ABLATIONS[cell.method]
+    if cell.method in CONTROLS:
+        settings["control"] = CONTROLS[cell.method]
     return settings
 
 
@@ -246,5 +258,5 @@ def cell_config(cell: Cell, budget: Budget, model_dir: Path, runs_dir: Path):
         overrides.append(f"replay.warmup={budget.darl_warmup}")
     if is_darl(cell.method) and budget.darl_k(cell.eta) is not None:
         overrides.append(f"replay.k={budget.darl_k(cell.eta)}")
-    overrides += ABLATIONS.get(cell.method, [])
+    overrides += ABLATIONS.get(cell.method, []) + CONTROLS.get(cell.method, [])
     return load_config(preset_path(cell.method), overrides)
