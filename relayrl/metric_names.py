@@ -49,3 +49,4 @@ TIME_EVAL_S = "time_eval_s"
 
 # ------------------------------------------------------------------ the live job (train/rl.py)
 PUBLISH_LATENCY_S = "publish_latency_s"
+SERVERS = "servers"  # the rollout servers per node as the watchdog saw them (a string)

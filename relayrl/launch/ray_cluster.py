@@ -400,6 +400,13 @@ class RayServerLauncher(ServerLauncher):
     def _wait_group_gone(self, pgid: int, deadline: float) -> None:
         return None  # the actor owns its server's process group; killing it ends the group
 
+    def node_of(self, i: int) -> str:
+        """``<node id prefix>@<node address>`` (nodes on one host share the address)."""
+        if i >= len(self._procs):
+            return "?"
+        info = self._procs[i].info
+        return f"{info['node_id'][:6]}@{info['node_ip']}"
+
     def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
         node = self._procs[i].info["node_ip"] if i < len(self._procs) else "?"
         return super().describe(i, f"on Ray node {node} {what}", consequence)

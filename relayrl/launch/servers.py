@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
 
@@ -366,6 +367,9 @@ class ServerLauncher:
             if code is not None:
                 raise RelayError(self.describe(i, f"exited with code {code}"))
 
+    def node_of(self, i: int) -> str:
+        return "local"
+
     def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
         """``rollout server i (url, pid) <what>; <consequence> (log: ...); last output: ...``"""
         if not self.is_process_mode:
@@ -472,6 +476,9 @@ class ExternalServers:
 
     def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
         return f"rollout server {i} ({self.urls[i]}, external) {what}; {consequence}"
+
+    def node_of(self, i: int) -> str:
+        return urlsplit(self.urls[i]).hostname or self.urls[i]
 
     def stop(self) -> None:
         return None

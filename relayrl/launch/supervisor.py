@@ -60,6 +60,9 @@ HEALTH_TIMEOUT_S = 5.0
 
 PUBLISH_MODES = ("retract", "abort", "inflight")
 
+# a server's state as the watchdog last saw it (ServerSupervisor.server_state)
+UP, UNANSWERED, RESTARTING, DOWN = "up", "unanswered", "restarting", "down"
+
 
 class SupervisedServers(Protocol):
     """The rollout servers as the supervisor sees them: server ``i`` is at ``urls[i]``."""
@@ -94,6 +97,10 @@ class SupervisedServers(Protocol):
 
     def describe(self, i: int, what: str, consequence: str = ...) -> str:
         """One error line naming server ``i``, ``what`` happened, the consequence and its log."""
+        ...
+
+    def node_of(self, i: int) -> str:
+        """Where server ``i`` runs: ``local``, a Ray node's address, an external URL's host."""
         ...
 
 
@@ -157,10 +164,40 @@ class ServerSupervisor:
         self._moved: dict[str, str] = {}  # old URL -> the URL of its replacement
         self._starting: set[int] = set()  # servers spawned but not yet healthy
         self._killed: dict[str, str] = {}  # URL killed by the watchdog -> why
+        # what the watchdog saw of each server at its last look (index -> state)
+        self.health: dict[int, str] = {}
         client.recover = self.recover
 
     def stats(self) -> dict[str, float]:
-        return {"server_restarts": float(self.restarts), "server_failovers": float(self.failovers)}
+        up = sum(self.server_state(i) == UP for i in range(len(self.launcher.urls)))
+        return {
+            "server_restarts": float(self.restarts),
+            "server_failovers": float(self.failovers),
+            "servers_up": float(up),
+            "servers_total": float(len(self.launcher.urls)),
+        }
+
+    def server_state(self, i: int) -> str:
+        """Server ``i`` as last seen: up, unanswered (``/health`` failing, not yet hung),
+        restarting, or down (exited or hung, its restart not begun)."""
+        if i in self._starting:
+            return RESTARTING
+        return self.health.get(i, UP)
+
+    def servers_by_node(self) -> str:
+        """``2/2 up`` on one node; per node otherwise: ``10.0.0.1 1/1 up, 10.0.0.2 0/1 up
+        (1 restarting)``: the dashboard's view of the servers."""
+        nodes: dict[str, list[str]] = {}
+        for i in range(len(self.launcher.urls)):
+            nodes.setdefault(self.launcher.node_of(i), []).append(self.server_state(i))
+        parts = []
+        for node, states in nodes.items():
+            text = f"{states.count(UP)}/{len(states)} up"
+            others = sorted({s for s in states if s != UP})
+            if others:
+                text += " (" + ", ".join(f"{states.count(s)} {s}" for s in others) + ")"
+            parts.append(text if len(nodes) == 1 else f"{node} {text}")
+        return ", ".join(parts)
 
     # ------------------------------------------------------------------ weights
     async def publish(
@@ -292,10 +329,13 @@ class ServerSupervisor:
                             return
                 for i, url in enumerate(list(self.launcher.urls)):
                     if i in self._starting or url in restarts:
+                        self.health[i] = RESTARTING
                         continue
                     reason = await self._failure(i, url, probe, failing_since)
                     if reason is None or self.launcher.urls[i] != url:
+                        self.health[i] = UNANSWERED if url in failing_since else UP
                         continue
+                    self.health[i] = DOWN
                     failing_since.pop(url, None)
                     if self.launcher.exit_code(i) is None:  # hung: kill it now, lock or not
                         self._killed[url] = reason

@@ -2,7 +2,8 @@
 
 On a terminal: two lines redrawn in place (tqdm) — a progress bar with step, elapsed time,
 ETA and seconds per step, and a status line with reward, train pass rate, the latest
-held-out pass@1, staleness and generation / training throughput. When stdout is not a
+held-out pass@1, staleness, generation / training throughput and the rollout servers
+per node (how many are up; the others unanswered, restarting or down). When stdout is not a
 terminal (a log file, a pipe, CI): the same status as one plain line every
 ``train.log_every`` steps and at the last step, with elapsed time and ETA. ``train.progress:
 false`` is quiet mode: nothing per step.
@@ -23,6 +24,7 @@ from relayrl.metric_names import (
     EVAL_PASS_AT_1,
     PASS_RATE,
     REWARD_MEAN,
+    SERVERS,
     STALENESS_MAX,
     STALENESS_MEAN,
     STEP,
@@ -38,6 +40,7 @@ FIELDS: list[tuple[str, str, str]] = [
     (STALENESS_MAX, "max", "{:.0f}"),
     ("gen_tokens_per_s", "gen tok/s", "{:.0f}"),
     (TRAIN_TOKENS_PER_S, "train tok/s", "{:.0f}"),
+    (SERVERS, "servers", "{}"),
 ]
 
 
@@ -46,7 +49,7 @@ def status_line(metrics: Mapping[str, Any]) -> str:
     parts = [
         f"{label} {fmt.format(metrics[key])}"
         for key, label, fmt in FIELDS
-        if isinstance(metrics.get(key), (int, float))
+        if isinstance(metrics.get(key), (int, float, str)) and not isinstance(metrics[key], bool)
     ]
     return " | ".join(parts)
 

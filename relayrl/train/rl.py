@@ -54,7 +54,7 @@ from relayrl.errors import RelayError
 from relayrl.launch.backends import RolloutBackend, make_backend
 from relayrl.launch.publish import Snapshot, make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
-from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S
+from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S, SERVERS
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, RolloutController
 from relayrl.rollout.prompts import PromptLoader
@@ -415,7 +415,11 @@ class _Job:
 
     def step_metrics(self, step_seconds: float) -> dict[str, Any]:
         gen_tokens = self.controller.take_generated_tokens()
-        return {"gen_tokens_per_s": gen_tokens / max(step_seconds, 1e-9), **self.supervisor.stats()}
+        return {
+            "gen_tokens_per_s": gen_tokens / max(step_seconds, 1e-9),
+            **self.supervisor.stats(),
+            SERVERS: self.supervisor.servers_by_node(),
+        }
 
     async def final_metrics(self) -> dict[str, Any]:
         return await server_counters(self.client)

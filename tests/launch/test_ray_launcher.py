@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -212,6 +213,11 @@ def test_servers_land_where_placed_and_a_killed_actor_is_survived(
     steps = [r for r in rows if "train_tokens" in r]
     assert [r["step"] for r in steps] == list(range(1, 9))
     assert max(r.get("server_restarts", 0) for r in steps) >= 1
+    # the dashboard's view: the two nodes, each with its server up again at the end
+    assert re.fullmatch(
+        r"\w{6}@127\.0\.0\.1 1/1 up, \w{6}@127\.0\.0\.1 1/1 up", steps[-1]["servers"]
+    )
+    assert steps[-1]["servers_up"] == steps[-1]["servers_total"] == 2
 
     err = (tmp_path / "big.err").read_text().strip().splitlines()
     assert err[-1].startswith("error: Ray could not place the rollout servers: 1 × {'CPU': 4.0}")

@@ -38,6 +38,7 @@ class FakeLauncher:
         self.start_s = 0.0  # how long a replacement takes to become healthy
         self.starting: set[str] = set()
         self.spawned = 0
+        self.nodes = ["local"] * n
 
     def index_of(self, url: str) -> int:
         return self.urls.index(url)
@@ -68,6 +69,9 @@ class FakeLauncher:
 
     def describe(self, i: int, what: str, consequence: str = "the run cannot continue") -> str:
         return f"rollout server {i} ({self.urls[i]}) {what}; {consequence}"
+
+    def node_of(self, i: int) -> str:
+        return self.nodes[i]
 
 
 class FakeClient:
@@ -387,3 +391,41 @@ def test_a_replacement_still_starting_is_not_taken_for_hung(monkeypatch):
     asyncio.run(asyncio.wait_for(main(), 10))
     assert not fatal and s.restarts == 1 and launcher.killed == []
     assert client.replaced == [("http://s0", "http://s0-r1")]
+
+
+def test_the_watchdog_reports_each_server_per_node_unanswered_restarting_and_up(monkeypatch):
+    """What the dashboard shows: per node, how many servers are up, and what the others are
+    doing, as the watchdog saw them (a hang is first unanswered, then restarting, then up)."""
+    launcher, client, s = make_watched(monkeypatch, n=3)
+    launcher.nodes = ["10.0.0.1", "10.0.0.2", "10.0.0.2"]
+    launcher.start_s = 0.5
+    seen: list[tuple[str, dict[str, float]]] = []
+
+    def look() -> None:
+        view = (s.servers_by_node(), s.stats())
+        if not seen or seen[-1][0] != view[0]:
+            seen.append(view)
+
+    async def main():
+        task = asyncio.create_task(s.watch(lambda exc: None))
+        await asyncio.sleep(0.05)
+        look()
+        launcher.hung.add("http://s2")
+        while s.restarts < 1 or launcher.starting:
+            look()
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)
+        look()
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    views = [v for v, _ in seen]
+    assert views[0] == "10.0.0.1 1/1 up, 10.0.0.2 2/2 up"
+    assert "10.0.0.1 1/1 up, 10.0.0.2 1/2 up (1 unanswered)" in views
+    assert "10.0.0.1 1/1 up, 10.0.0.2 1/2 up (1 restarting)" in views
+    assert views[-1] == views[0]
+    ups = {v: stats["servers_up"] for v, stats in seen}
+    assert ups[views[0]] == 3 and ups["10.0.0.1 1/1 up, 10.0.0.2 1/2 up (1 restarting)"] == 2
+    assert all(stats["servers_total"] == 3 for _, stats in seen)
+    one_node = FakeLauncher(2)
+    assert ServerSupervisor(one_node, FakeClient(one_node), 1).servers_by_node() == "2/2 up"

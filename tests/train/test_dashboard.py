@@ -73,6 +73,13 @@ def test_status_line_skips_what_a_step_did_not_log():
     assert clock(59.94) == "59.9s" and clock(125) == "2m05s" and clock(3725) == "1h02m05s"
 
 
+def test_status_line_shows_the_servers_per_node():
+    row = {"reward_mean": 0.5, "servers": "10.0.0.1 1/1 up, 10.0.0.2 0/1 up (1 restarting)"}
+    assert status_line(row) == (
+        "reward 0.500 | servers 10.0.0.1 1/1 up, 10.0.0.2 0/1 up (1 restarting)"
+    )
+
+
 def test_a_real_pseudo_terminal_gets_the_bar_unless_it_has_no_width():
     import fcntl
     import os
