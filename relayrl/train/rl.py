@@ -354,6 +354,19 @@ class _Job:
             await self._publish(self.controller, wait=True)
         if self.controller.failure is not None:  # the publication failed, or a stop/fatal
             raise self.controller.failure
+        await self._restart_source_at_trainer()
+
+    async def _restart_source_at_trainer(self) -> None:
+        """Make a server restarted during the evaluation load the evaluated version: when
+        the newest disk snapshot is older (a broadcast-only publication), write the
+        trainer's weights to disk as the restart source. Otherwise the replacement would
+        load the older snapshot and be brought up by one more broadcast, and an evaluation
+        request reaching it in between would carry tokens of the older version."""
+        version, latest = self.trainer.version, self.supervisor.latest
+        if (latest is None and version == 0) or (latest is not None and latest[1] >= version):
+            return  # servers restart from the model directory (v0) or from this version
+        path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
+        await self.supervisor.set_restart_snapshot(path, version)
 
     # ------------------------------------------------------------------ the loop
     async def loop(self, urls: list[str]) -> TrainResult:

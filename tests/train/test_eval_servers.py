@@ -73,11 +73,19 @@ def test_server_evaluations_are_the_trainers_weights(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.timeout(150)
-def test_server_killed_during_the_evaluation_is_restarted(tmp_path, tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("transport", ["disk", "broadcast"])
+def test_server_killed_during_the_evaluation_is_restarted(
+    transport, tmp_path, tiny_model_dir, monkeypatch
+):
     """The final evaluation's server is killed (-9) once the evaluation has read its version:
     the evaluation's requests fail over through the supervisor (its lock is not held by the
-    evaluation, so no deadlock), the restarted server loads the newest disk snapshot, the
-    trainer's version, and the evaluation finishes on it. pytest-timeout ends a deadlock."""
+    evaluation, so no deadlock), the restarted server loads the trainer's version from disk,
+    and the evaluation finishes on it. pytest-timeout ends a deadlock.
+
+    Broadcast, a disk snapshot every 10 publications: v1 went to disk, v2 (published by the
+    final evaluation) was broadcast only, so the evaluation wrote v2 to disk as the restart
+    source; the replacement loads it and needs no catch-up broadcast (which would form a
+    second transfer group)."""
     config = rl_config(
         tmp_path,
         tiny_model_dir,
@@ -86,6 +94,8 @@ def test_server_killed_during_the_evaluation_is_restarted(tmp_path, tiny_model_d
         "rollout.max_server_restarts=1",
         "train.total_steps=2",
         "train.save_final=false",
+        f"train.weight_transport={transport}",
+        "train.broadcast_snapshot_every=10",
         *SAMPLED_EVAL,
     )
     killed: list[int] = []
@@ -108,6 +118,9 @@ def test_server_killed_during_the_evaluation_is_restarted(tmp_path, tiny_model_d
     # its replacement, reached through the supervisor's failover
     assert result.summary["server_restarts"] == 1.0
     assert result.summary["server_failovers"] >= 1.0
+    if transport == "broadcast":
+        assert result.summary["disk_snapshots"] == 1.0  # v1 only: v2 was broadcast only
+        assert result.summary["transfer_groups"] == 1.0  # no catch-up broadcast
 
 
 def test_default_backend_evaluates_in_process(tmp_path, tiny_model_dir):
