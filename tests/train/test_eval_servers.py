@@ -33,14 +33,15 @@ def in_process_report(config, model_dir: Path, problems):
 
 def test_server_evaluations_are_the_trainers_weights(tmp_path, tiny_model_dir):
     """η = 0, 3 steps, an evaluation before training, after step 2 and at the end. Step 2's
-    weights are being published when its evaluation starts (it waits for them); the last
-    step publishes nothing (the final evaluation publishes v3 first). Each evaluation equals,
+    publication starts in the background just before its evaluation (which waits for it);
+    the last step publishes nothing (the final evaluation publishes v3 first). Each evaluation equals,
     completion for completion, the in-process one of the same weights: the initial model, the
     step-2 checkpoint, the final model."""
     config = rl_config(
         tmp_path,
         tiny_model_dir,
         "eval.backend=servers",
+        "rollout.eta=0",
         "train.eval_every=2",
         "train.eval_problems=3",
         "train.checkpoint_every=2",
