@@ -87,6 +87,13 @@ class EvalConfig(Section):
     temperature: float = Field(1.0, ge=0, description="sampling temperature (RL's own)")
     max_new_tokens: int = Field(160, gt=0)
     batch_size: int = Field(250, gt=0)
+    backend: Literal["trainer", "servers"] = Field(
+        "trainer",
+        description="where `relayrl train` evaluates (periodic and final): trainer = the "
+        "built-in engine in this process over the trainer's weights; servers = the run's "
+        "rollout servers (any rollout.engine), after publishing the trainer's weights to them, "
+        "while rollouts go on (docs/engine.md); needs rollout.lag=async",
+    )
 
 
 class RuntimeConfig(Section):
@@ -577,6 +584,17 @@ class RunConfig(Section):
                 "process); launcher=ray needs rollout.lag=async"
             )
         return launcher
+
+    @field_validator("rollout")
+    @classmethod
+    def _server_eval_needs_servers(cls, rollout: RolloutConfig, info: ValidationInfo):
+        evaluation = info.data.get("eval")
+        if evaluation is not None and evaluation.backend == "servers" and rollout.lag != "async":
+            raise ValueError(
+                f"eval.backend=servers evaluates on the rollout servers; rollout.lag="
+                f"{rollout.lag} starts none (use eval.backend=trainer or rollout.lag=async)"
+            )
+        return rollout
 
     @field_validator("train")
     @classmethod

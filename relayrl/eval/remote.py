@@ -17,6 +17,11 @@ version come back, i.e. if someone published weights meanwhile.
 
 Which client class speaks which backend is the launcher's business (``relayrl.launch``, a
 layer this one may not import): the caller passes a factory.
+
+:meth:`RemoteEngine.sharing` is the other way in, for the training job's evaluation on its
+rollout servers (``eval.backend=servers``): the engine borrows the job's own client on the
+job's running event loop (so a failed request fails over through the job's supervisor and
+rollouts share the servers meanwhile); it neither creates nor closes that client nor the loop.
 """
 
 from __future__ import annotations
@@ -63,7 +68,9 @@ class RemoteEngine:
         check: Callable[[RolloutClient], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._loop.run_forever, daemon=True
+        )
         self._thread.start()
         self._rids = itertools.count()
         self.client: RolloutClient | None = None
@@ -75,6 +82,18 @@ class RemoteEngine:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def sharing(cls, client: RolloutClient, loop: asyncio.AbstractEventLoop) -> RemoteEngine:
+        """An engine over ``client``, which lives on ``loop``, a loop running in another
+        thread (call this from a thread other than ``loop``'s). Closing the engine leaves
+        the client and the loop alone."""
+        engine = cls.__new__(cls)
+        engine._loop, engine._thread = loop, None  # no thread of its own: nothing to stop
+        engine._rids = itertools.count()
+        engine.client = client
+        engine.max_seq_len, engine.weight_version = engine._run(engine._info(client))
+        return engine
 
     async def _make(self, make_client: Callable[[], RolloutClient]) -> RolloutClient:
         return make_client()
@@ -112,7 +131,11 @@ class RemoteEngine:
         return generation_result(rid, input_ids, await self.client.generate(input_ids, params))
 
     def close(self) -> None:
-        """Close the client and stop the loop (idempotent)."""
+        """Close the client and stop the loop (idempotent); an engine made by
+        :meth:`sharing` only lets go of the client."""
+        if self._thread is None:
+            self.client = None
+            return
         if self._loop.is_closed():
             return
         if self.client is not None:

@@ -228,6 +228,15 @@ class ServerSupervisor:
             finally:
                 self._publishing = False
 
+    async def set_restart_snapshot(self, path: Path, version: int) -> None:
+        """Make ``path``, a disk snapshot of ``version`` that every server already holds,
+        what a restarted server loads (the broadcast transport writes one only every
+        ``train.broadcast_snapshot_every`` publications). Under the lock: a restart in
+        progress first finishes (its catch-up included) with the previous one."""
+        async with self._lock:
+            if self.latest is None or self.latest[1] < version:
+                self.latest = (Path(path), version)
+
     # ------------------------------------------------------------------ recovery
     async def recover(self, url: str) -> str:
         """The client's failover callback: where requests for ``url`` should go now."""

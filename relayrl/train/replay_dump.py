@@ -172,7 +172,9 @@ class RecordedBatches:
 
 
 def _replay_loop(config: RunConfig, run_dir: Path, total_steps: int) -> TrainingLoop:
-    """The trainer (as ``run_train`` builds it), logger and held-out problems of a replay."""
+    """The trainer (as ``run_train`` builds it), logger and held-out problems of a replay.
+    A replay has no rollout servers: it evaluates in this process whatever ``eval.backend``
+    says (with the same seed, what the built-in servers' evaluation gives, docs/engine.md)."""
     from relayrl.models.loading import load_model, load_tokenizer
     from relayrl.tasks.registry import make_task
 
@@ -229,4 +231,6 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     summary.update(realised_staleness(run_dir / "metrics.jsonl"))
     summary.update(drift_summary(run_dir / "metrics.jsonl"))
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    return TrainResult(run_dir, len(steps), summary["final_pass@1"], replay.evals, seconds, summary)
+    return TrainResult(
+        run_dir, len(steps), summary["final_pass@1"], replay.evals, seconds, summary, replay.reports
+    )

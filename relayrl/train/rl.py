@@ -48,9 +48,11 @@ from typing import Any
 
 import torch
 
-from relayrl.config.schema import RunConfig
+from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
+from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
+from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend, make_backend
 from relayrl.launch.publish import Snapshot, make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
@@ -73,6 +75,9 @@ from relayrl.train.resume import (
     begin_run,
     remove_orphaned_dirs,
 )
+
+# the seconds an evaluation on the servers waited for the trainer's weights to be published
+TIME_EVAL_PUBLISH_S = "time_eval_publish_s"
 
 # engine counters summed over the servers into the final metrics row (``server_<name>``):
 # how much prefill the weight updates cost (KV recomputed for retracted requests)
@@ -105,6 +110,7 @@ class TrainResult:
     evals: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     summary: dict[str, Any] = field(default_factory=dict)
+    eval_reports: list[EvalReport] = field(default_factory=list)  # in the order of evals
 
 
 def publish_interval(publish_every: int, eta: int) -> int:
@@ -310,6 +316,58 @@ class _Job:
             return named
         return RelayError(f"generation failed: {exc}")
 
+    # ------------------------------------------------------------------ evaluation
+    async def evaluate_on_servers(
+        self, problems: list[Problem], cfg: EvalConfig, seed: int
+    ) -> tuple[EvalReport, dict[str, Any]]:
+        """``eval.backend=servers``: the held-out evaluation of the trainer's weights on the
+        run's rollout servers, through the run's own client (round-robin over the servers,
+        failover through the supervisor) while the controller keeps generating.
+
+        The servers are first brought to the trainer's version (:meth:`_servers_to_trainer`).
+        No publication lands while it runs: only the training loop starts publications
+        (:meth:`after_update`) and the loop is here, awaiting this. The supervisor's lock is
+        not held, so a server that fails meanwhile is restarted as always (with the newest
+        disk snapshot, the trainer's version under the disk transport) and its requests are
+        resubmitted there."""
+        start = time.perf_counter()
+        await self._servers_to_trainer()
+        published = time.perf_counter() - start
+        loop = asyncio.get_running_loop()
+
+        def run() -> EvalReport:  # in a worker thread: the requests go to this loop
+            with RemoteEngine.sharing(self.client, loop) as engine:
+                return evaluate(engine, self.tokenizer, problems, cfg, seed=seed)
+
+        try:
+            report = await asyncio.to_thread(run)
+        except WeightsChanged as exc:
+            raise RelayError(f"eval.backend=servers: {exc}") from exc
+        return report, {TIME_EVAL_PUBLISH_S: published}
+
+    async def _servers_to_trainer(self) -> None:
+        """Wait for the publication in flight, then publish the trainer's weights and wait
+        for them if the servers still lag it (e.g. between two ``train.publish_every``
+        publications, or after the last step, which publishes nothing)."""
+        await self._finish_publication()
+        if self.controller.published_version < self.trainer.version:
+            await self._publish(self.controller, wait=True)
+        if self.controller.failure is not None:  # the publication failed, or a stop/fatal
+            raise self.controller.failure
+        await self._restart_source_at_trainer()
+
+    async def _restart_source_at_trainer(self) -> None:
+        """Make a server restarted during the evaluation load the evaluated version: when
+        the newest disk snapshot is older (a broadcast-only publication), write the
+        trainer's weights to disk as the restart source. Otherwise the replacement would
+        load the older snapshot and be brought up by one more broadcast, and an evaluation
+        request reaching it in between would carry tokens of the older version."""
+        version, latest = self.trainer.version, self.supervisor.latest
+        if (latest is None and version == 0) or (latest is not None and latest[1] >= version):
+            return  # servers restart from the model directory (v0) or from this version
+        path = await asyncio.to_thread(self.trainer.save_weights, self.weights / f"v{version}")
+        await self.supervisor.set_restart_snapshot(path, version)
+
     # ------------------------------------------------------------------ the loop
     async def loop(self, urls: list[str]) -> TrainResult:
         cfg = self.config
@@ -341,6 +399,8 @@ class _Job:
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
+        if cfg.eval.backend == "servers":
+            self.training.evaluator = self.evaluate_on_servers
         first = await self._resume(controller)
         controller.start()
         stop = StopSignal(controller.fail)
@@ -374,6 +434,7 @@ class _Job:
             publish_latency_mean_s=self.publish_total_s / max(self.publications, 1),
             weight_transport=self.publisher.name,
             **self.publisher.stats(),
+            **self.supervisor.stats(),  # the run's restarts, the final evaluation's included
         )
 
     def result(self, final: dict[str, Any] | None, seconds: float, **summary: Any) -> TrainResult:
@@ -386,6 +447,7 @@ class _Job:
             self.training.evals,
             seconds,
             {"controller": self.controller.stats(), "grading": self.pool.stats(), **summary},
+            self.training.reports,
         )
 
     def rollout_counters(self) -> dict[str, Any]:
