@@ -34,6 +34,22 @@ def metric_steps(run: Path) -> int:
         return 0
 
 
+def logs_identity(run: Path) -> int | None:
+    """The inode of ``metrics.jsonl`` (None before it exists): a resume rewrites the file
+    (cut back to its checkpoint) through a new one."""
+    try:
+        return (run / "metrics.jsonl").stat().st_ino
+    except OSError:
+        return None
+
+
+def steps_into_attempt(run: Path, target: int, before: int | None):
+    """The condition "this attempt logged ``target`` steps": the rows of the attempt killed
+    before it count only once this one has cut the file back (a new inode), or a resume
+    could be killed before it even restored its checkpoint."""
+    return lambda: logs_identity(run) != before and metric_steps(run) >= target
+
+
 def checkpointed(run: Path) -> int:
     """The newest complete checkpoint's step (0 if none)."""
     steps = [int(p.name.split("-")[1]) for p in run.glob("checkpoints/step-*")]
@@ -98,11 +114,12 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, tiny_model
     outputs, kills, pids = [], [], []
     kinds = ["random", "write", "sigterm"] + ["random", "write"] * TRIALS
     for trial, kind in enumerate(kinds[: TRIALS + 1]):  # TRIALS kill -9s and one SIGTERM
+        before = logs_identity(run)
         proc = start(first if trial == 0 else ["--resume", str(run)], "0.4" * (kind == "write"))
         pids.append(proc.pid)
         target = checkpointed(run) + rng.randint(1, 3)  # steps into this attempt
         try:
-            alive = wait_for(lambda t=target: metric_steps(run) >= t, proc)
+            alive = wait_for(steps_into_attempt(run, target, before), proc)
             if kind == "write":  # then kill while a checkpoint directory is half written
                 alive = alive and wait_for(lambda: any(run.glob("checkpoints/.tmp-step-*")), proc)
             else:  # then after a random pause

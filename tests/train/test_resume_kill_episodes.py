@@ -16,7 +16,14 @@ from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import ORIGIN_ENV, ORIGIN_MODEL
 from relayrl.tasks.registry import make_task
 from tests.train.episode_env import TASK
-from tests.train.test_resume_kill import checkpointed, metric_steps, start, wait_for
+from tests.train.test_resume_kill import (
+    checkpointed,
+    logs_identity,
+    metric_steps,
+    start,
+    steps_into_attempt,
+    wait_for,
+)
 
 CLI = (
     "import sys, tests.train.episode_env; from relayrl.cli import main; "
@@ -56,10 +63,11 @@ def test_kill_9_mid_episode_then_resume_loses_and_duplicates_nothing(tmp_path, t
     kills, outputs = [], []
     for trial, kind in enumerate(["random", "write"]):
         args = first if trial == 0 else ["--resume", str(run)]
+        before = logs_identity(run)
         proc = start(args, "0.4" * (kind == "write"), CLI)
         target = checkpointed(run) + rng.randint(1, 2)
         try:
-            alive = wait_for(lambda t=target: metric_steps(run) >= t, proc)
+            alive = wait_for(steps_into_attempt(run, target, before), proc)
             if kind == "write":
                 alive = alive and wait_for(lambda: any(run.glob("checkpoints/.tmp-step-*")), proc)
             if alive and proc.poll() is None:
