@@ -250,7 +250,13 @@ def write_plot(path: Path, settings: Sequence[Setting]) -> bool:
             f"η={eta}", (drift, mean), textcoords="offset points", xytext=(4, 4), fontsize=7
         )
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set_xscale("log")
+    positive = [p[3] for p in points if p[3] > 0]
+    if len(positive) == len(points):
+        ax.set_xscale("log")
+    else:  # a run that did not move at all (e.g. zero advantages): log scale cannot show 0
+        linthresh = min(positive, default=1e-6)
+        ax.set_xscale("symlog", linthresh=linthresh)
+        ax.set_xlim(left=-0.5 * linthresh)
     ax.set(
         xlabel="per-version drift KL(π_v‖π_v+1), mean over steps and seeds",
         ylabel="final pass@1 at η − at the smallest η (paired)",
