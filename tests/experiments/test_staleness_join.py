@@ -147,14 +147,21 @@ def test_joined_tables_hand_computed(tmp_path):
 def test_hand_written_text_is_kept_and_a_page_without_markers_refused(tmp_path):
     save(tmp_path / "a", LOW)
     page = tmp_path / "page.md"
-    page.write_text(
-        f"# mine\n\nprose before\n\n{join.BEGIN}\nold tables\n{join.END}\n\nprose after\n"
-    )
+    prose = f"# mine\n\nprose naming `{join.BEGIN}` inline\n\n"
+    page.write_text(f"{prose}{join.BEGIN}\nold tables\n{join.END}\n\nprose after\n")
     join.write_joined(page, [tmp_path / "a"], "fixed", "cmd", None)
     text = page.read_text()
-    assert text.startswith("# mine\n\nprose before\n\n" + join.BEGIN)
+    assert text.startswith(prose + join.BEGIN)
     assert text.endswith(join.END + "\n\nprose after\n") and "old tables" not in text
     assert "| naive | 0.600 ± 0.000 | 0.600 ± 0.100 |" in text
+    # the committed results page has its markers: its hand-written findings survive
+    committed = (Path(__file__).parents[2] / "docs/results/staleness_lag_fixed.md").read_text()
+    page.write_text(committed)
+    join.write_joined(page, [tmp_path / "a"], "fixed", "cmd", None)
+    head, tail = committed.split(join.BEGIN + "\n")[0], committed.split(join.END)[1]
+    text = page.read_text()
+    assert text.startswith(head) and text.endswith(tail) and "### a" in text
+    assert "## What the numbers say" in tail
     page.write_text("# hand-written only\n")
     with pytest.raises(Exception, match="has no generated part"):
         join.write_joined(page, [tmp_path / "a"], "fixed", "cmd", None)

@@ -321,19 +321,21 @@ def left_out(setting: Setting) -> str:
 
 
 def splice(page: Path, block: Sequence[str], title: str) -> str:
-    """``page`` with its generated part replaced by ``block``; a new page when it does not
-    exist. A page without the markers is hand-written: refuse rather than overwrite it."""
+    """``page`` with its generated part (the lines from :data:`BEGIN` to :data:`END`, each
+    a whole line, so that prose may name them) replaced by ``block``; a new page when it
+    does not exist. A page without the markers is hand-written: refuse rather than overwrite it."""
     if not page.is_file():
         return "\n".join([f"# {title}", "", *block, ""])
-    text = page.read_text()
-    start, stop = text.find(BEGIN), text.find(END)
-    if start < 0 or stop < start:
+    lines = page.read_text().split("\n")
+    start = lines.index(BEGIN) if BEGIN in lines else -1
+    stop = lines.index(END, start + 1) if start >= 0 and END in lines[start + 1 :] else -1
+    if stop < 0:
         raise RelayError(
             f"{page} exists but has no generated part: put the lines {BEGIN!r} and {END!r} "
             "where the joined tables belong (the text outside them is kept), or choose "
             "another --results directory"
         )
-    return text[:start] + "\n".join(block) + text[stop + len(END) :]
+    return "\n".join([*lines[:start], *block, *lines[stop + 1 :]])
 
 
 def write_joined(
