@@ -18,11 +18,15 @@ grading pool, trainer) from one SFT base on the default task, ``--seeds`` seeds 
 
 Each finished cell is saved as ``<out>/cells/<cell>.json`` with its settings and reused
 when the command is run again with the same settings, so an interrupted grid resumes.
-Writes ``<results>/staleness.md`` and ``<results>/staleness.png``.
+Writes ``<results>/staleness.md`` and ``<results>/staleness.png``. In lag emulation
+(``--lag fixed|uniform``) this invocation's tables go to ``<out>/invocation.md`` and the
+results page ``<results>/staleness_lag_<lag>.md`` (+ .png) joins every saved cell of ``--out``
+and of the ``--join`` directories, one section per directory, between markers that keep the
+page's hand-written text (``join``).
 
 The package: ``plan`` (methods, budgets, cells, configs), ``runner`` (runs and the cell
-cache), ``stats`` (spreads, curves, samples to target), ``report`` (tables, findings,
-plot) and ``command`` (``HELP``, ``add_arguments``, ``run``, re-exported here).
+cache), ``stats`` (spreads, paired differences, curves, samples to target), ``report``
+(tables, findings, plot), ``join`` (the joined lag-emulation page) and ``command`` (``HELP``, ``add_arguments``, ``run``, re-exported here).
 
 Imports: this package's modules, SFT, the config loader.
 """

@@ -19,14 +19,40 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def fmt(values: Sequence[float], digits: int = 3) -> str:
+def fmt(values: Sequence[float], digits: int = 3, sign: bool = False) -> str:
+    """``mean ± std`` (``mean`` alone for one value); ``sign``: always a sign on the mean."""
     mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
+    head = f"{mean:{'+' if sign else ''}.{digits}f}"
+    return f"{head} ± {std:.{digits}f}" if len(values) > 1 else head
 
 
 def fmt_known(values: Sequence[float | None], digits: int = 3) -> str:
     known = [v for v in values if v is not None]
     return fmt(known, digits) if known else "n/a"
+
+
+def paired(a: Sequence[CellResult], b: Sequence[CellResult]) -> list[float]:
+    """Per-seed differences of final pass@1, ``a − b``, in seed order, over the seeds both
+    cells have (same seed: same prompts and sampling seeds)."""
+    other = {r.seed: r.final_pass for r in b}
+    return [
+        r.final_pass - other[r.seed] for r in sorted(a, key=lambda r: r.seed) if r.seed in other
+    ]
+
+
+def separable(values: Sequence[float]) -> bool:
+    """A difference is told apart from noise only when |mean| > std over seeds (and there are
+    at least two seeds to have a std)."""
+    mean, std = mean_std(values)
+    return len(values) > 1 and abs(mean) > std
+
+
+def fmt_paired(values: Sequence[float]) -> str:
+    """Signed ``mean ± std`` of paired differences, ``(not separable)`` when |mean| ≤ std;
+    ``—`` when no seed pairs up."""
+    if not values:
+        return "—"
+    return fmt(values, sign=True) + ("" if separable(values) else " (not separable)")
 
 
 def group(results: Sequence[CellResult]) -> dict[tuple[str, int], list[CellResult]]:
