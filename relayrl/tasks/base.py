@@ -6,7 +6,7 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from relayrl.errors import RelayError
 
@@ -43,6 +43,10 @@ class SyntheticTask(ABC):
 
     name: str = ""
     test_fraction: float = 0.1
+    # Parameters the SFT demonstrations use over the task's defaults (``task.params`` and
+    # ``sft.task_params`` override them): for a task whose rare cases need more demonstrations
+    # than their share of the problems to be learned at all.
+    demonstration_params: ClassVar[dict[str, Any]] = {}
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
         if split not in SPLITS:

@@ -170,12 +170,14 @@ def train_sft(
 
 
 def demonstration_task(config: RunConfig) -> SyntheticTask:
-    """The task SFT draws its demonstrations from: ``task.params`` with ``sft.task_params``
-    over them. Only the distribution changes: the test split is chosen by problem key, so
-    no held-out problem becomes a demonstration."""
+    """The task SFT draws its demonstrations from: the task's ``demonstration_params``, then
+    ``task.params``, then ``sft.task_params`` over them. Only the distribution changes: the
+    test split is chosen by problem key, so no held-out problem becomes a demonstration."""
     from relayrl.tasks.registry import make_task
 
-    return make_task(config.task.name, {**config.task.params, **config.sft.task_params})
+    task = make_task(config.task.name, config.task.params)
+    params = {**task.demonstration_params, **config.task.params, **config.sft.task_params}
+    return make_task(config.task.name, params)
 
 
 def run_sft(config: RunConfig, progress: bool = True) -> float:

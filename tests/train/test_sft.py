@@ -75,3 +75,16 @@ def test_sft_task_params_change_only_the_demonstrations():
     assert test_prompts.isdisjoint(
         p.prompt for p in demonstration_task(config).problems("train", 5000, 0)
     )
+
+
+def test_demonstrations_use_the_task_defaults_under_the_users_params():
+    """Arithmetic demonstrates long chains more often than it asks them (its
+    ``demonstration_params``: tail 0.65 over the task's 0.5); ``task.params`` and then
+    ``sft.task_params`` override that default."""
+    assert demonstration_task(load_config(None, [])).tail == 0.65
+    assert make_task("arithmetic").tail == 0.5
+    assert demonstration_task(load_config(None, ["task.params={tail: 0.3}"])).tail == 0.3
+    both = ["task.params={tail: 0.3}", "sft.task_params={tail: 0.9}"]
+    assert demonstration_task(load_config(None, both)).tail == 0.9
+    countdown = demonstration_task(load_config(None, ["task.name=countdown"]))
+    assert countdown.name == "countdown"
