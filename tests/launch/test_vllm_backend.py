@@ -26,94 +26,43 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from relayrl.config.loader import load_config
 from relayrl.engine.types import SamplingParams
 from relayrl.engine.vllm_client import VLLMClient
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
-from relayrl.launch.vllm import VENV_DIR, vllm_version
 from relayrl.models.loading import load_model
-from relayrl.train.trainer import RLTrainer
-
-CHECKOUT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = CHECKOUT / VENV_DIR / "bin" / "python"
-pytestmark = pytest.mark.skipif(
-    not VLLM_PYTHON.is_file() or vllm_version(str(VLLM_PYTHON)) is None,
-    reason=f"no vLLM environment at {VLLM_PYTHON} (`make vllm` builds it; `make test` does)",
+from tests.launch._vllm import (
+    CHECKOUT,
+    MAX_LOGPROB_DIFF,
+    MAX_MEAN_K3,
+    VLLM_PYTHON,
+    needs_vllm,
+    perturbed,
+    prompts,
+    publish_dir,
+    recompute,
+    vllm_config,
+    vllm_servers,
 )
 
-# measured on the tiny model, float32, 2-core CPU (2026-11-23): max |Δ logprob| 6e-6,
-# mean k3 ~1e-12; the bounds leave two orders of magnitude for other CPUs' kernels
-MAX_LOGPROB_DIFF = 1e-3
-MAX_MEAN_K3 = 1e-7
+pytestmark = needs_vllm
 BUDGET = 100  # output tokens per request in the interruption test (prompts <= 16 tokens)
-
-
-def vllm_config(model_dir: Path, *overrides: str):
-    base = [
-        f"model.path={model_dir}",
-        "model.max_context=128",
-        "rollout.engine=vllm",
-        "rollout.max_running_requests=16",
-        "rollout.startup_timeout_s=400",
-        f"rollout.vllm.python={VLLM_PYTHON}",
-    ]
-    return load_config(None, base + list(overrides))
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     """One vLLM server over the tiny model for the module: (url, launcher)."""
-    backend = make_backend(vllm_config(tiny_model_dir), tiny_model_dir)
-    launcher = backend.launcher(tmp_path_factory.mktemp("vllm-logs"))
-    with launcher:
-        asyncio.run(_check(backend, launcher.urls))
+    with vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("vllm-logs")) as launcher:
         yield launcher.urls[0], launcher
-
-
-async def _check(backend, urls: list[str]) -> None:
-    async with backend.client(urls) as client:
-        await backend.check_servers(client)
 
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
     return load_model(tiny_model_dir, "cpu", "float32").eval()
-
-
-def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
-    """A copy of ``model`` with Gaussian noise on every weight (a 'trained' version)."""
-    import copy
-
-    out = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale)
-    return out
-
-
-def publish_dir(model: torch.nn.Module, directory: Path) -> Path:
-    """Save ``model`` exactly as the trainer publishes (``RLTrainer.save_weights``)."""
-    return RLTrainer.save_weights(SimpleNamespace(model=model), directory)
-
-
-def recompute(model, prompt: list[int], output: list[int], temperature: float) -> torch.Tensor:
-    """The trainer's view: ``log_softmax(logits / T)`` of each output token."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, torch.tensor(output)[:, None])[:, 0]
-
-
-def prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 250) for _ in range(rng.randint(4, 16))] for _ in range(n)]
 
 
 def run(coro):
