@@ -1,6 +1,6 @@
 """What the tests against a real vLLM server share (tests/launch/test_vllm_*.py): the vLLM
-environment (and the mark that skips without it), the run config, one server started on
-loopback for a module, 'trained' weights, the trainer's logprob recompute, prompts."""
+environment (and the mark that skips without it), the run config (and a two-step run's), one
+server started on loopback for a module, 'trained' weights, the trainer's logprob recompute, prompts."""
 
 from __future__ import annotations
 
@@ -44,6 +44,31 @@ def vllm_config(model_dir: Path, *overrides: str):
         f"rollout.vllm.python={VLLM_PYTHON}",
     ]
     return load_config(None, base + list(overrides))
+
+
+def short_run_config(tmp_path: Path, model_dir: Path, url: str, *overrides: str):
+    """A two-step run on the vLLM server at ``url`` (external: not launched, not stopped)."""
+    return vllm_config(
+        model_dir,
+        f"output_dir={tmp_path}",
+        "name=ext",
+        f"rollout.server_urls=[{url}]",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=2",
+        "rollout.max_new_tokens=16",
+        "rollout.eta=0",  # step 2 waits for the publication of version 1: it always completes
+        "algo.dynamic_sampling=false",
+        "train.total_steps=2",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "train.save_final=false",
+        "eval.num_problems=4",
+        "eval.max_new_tokens=16",
+        "runtime.threads=1",
+        "train.trainer_threads=1",
+        *overrides,
+    )
 
 
 @contextmanager

@@ -45,6 +45,7 @@ from tests.launch._vllm import (
     prompts,
     publish_dir,
     recompute,
+    short_run_config,
     vllm_config,
     vllm_servers,
 )
@@ -298,29 +299,6 @@ def test_thread_mode_is_refused_for_vllm(tiny_model_dir):
 
 
 # ------------------------------------------------------------------ external servers
-def short_run_config(tmp_path: Path, model_dir: Path, url: str):
-    return vllm_config(
-        model_dir,
-        f"output_dir={tmp_path}",
-        "name=ext",
-        f"rollout.server_urls=[{url}]",
-        "rollout.prompts_per_step=2",
-        "rollout.n_samples=2",
-        "rollout.max_new_tokens=16",
-        "rollout.eta=0",  # step 2 waits for the publication of version 1: it always completes
-        "algo.dynamic_sampling=false",
-        "train.total_steps=2",
-        "train.eval_every=0",
-        "train.checkpoint_every=0",
-        "train.progress=false",
-        "train.save_final=false",
-        "eval.num_problems=4",
-        "eval.max_new_tokens=16",
-        "runtime.threads=1",
-        "train.trainer_threads=1",
-    )
-
-
 def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
     from relayrl.engine.engine import Engine
     from relayrl.engine.server import ServerThread, create_app
