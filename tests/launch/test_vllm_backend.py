@@ -1,5 +1,6 @@
 """The vLLM rollout backend against a REAL vLLM server (the .venv-vllm environment that
-`make vllm` builds and `make test` depends on), started once for the module on loopback.
+`make vllm` builds and `make test` depends on), started once on loopback for this module and
+test_vllm_broadcast.py (tests/launch/conftest.py).
 
 * exact data: token ids in and out, behaviour logprobs equal to the trainer's
   ``log_softmax(logits / T)`` recompute on the same weights (the bound is stated below);
@@ -47,18 +48,17 @@ from tests.launch._vllm import (
     recompute,
     short_run_config,
     vllm_config,
-    vllm_servers,
 )
 
 pytestmark = needs_vllm
 BUDGET = 100  # output tokens per request in the interruption test (prompts <= 16 tokens)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    """One vLLM server over the tiny model for the module: (url, launcher)."""
-    with vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("vllm-logs")) as launcher:
-        yield launcher.urls[0], launcher
+@pytest.fixture
+def server(vllm_server):
+    """The package's vLLM server over the tiny model (tests/launch/conftest.py): (url,
+    launcher)."""
+    return vllm_server.urls[0], vllm_server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The broadcast weight transport with a REAL vLLM server (``train.weight_transport=broadcast``,
 ``rollout.engine=vllm``): this process is the trainer (rank 0 of a gloo group), the server's
-worker joins through relayrl's worker extension. One server for the module on loopback.
+worker joins through relayrl's worker extension. One server on loopback, shared with
+test_vllm_backend.py (tests/launch/conftest.py).
 
 * a broadcast publication is served exactly as the same snapshot loaded from disk: the same
   tokens, logprobs and per-token versions over the wire, and logprobs equal to the trainer's
@@ -13,7 +14,7 @@ worker joins through relayrl's worker extension. One server for the module on lo
 * a server SIGKILLed while the trainer broadcasts fails the publication within its deadline,
   naming the server; under the supervisor it is restarted, loads the last disk snapshot
   first, rejoins under a new group name and serves the newest weights (last: it replaces the
-  module's server).
+  shared server).
 """
 
 from __future__ import annotations
@@ -44,22 +45,21 @@ from tests.launch._vllm import (
     recompute,
     short_run_config,
 )
-from tests.launch._vllm import vllm_servers as start_vllm
 from tests.launch.test_broadcast import kill_mid_broadcast_then_recover
 
 pytestmark = needs_vllm
 
-DEADLINE_S = 8.0  # train.broadcast_timeout_s of these tests
+DEADLINE_S = 5.0  # train.broadcast_timeout_s of these tests
 SLACK_S = 4.0  # what a failed publication may take past its deadline (answers, teardown)
 BATCH = prompts(4, seed=3)
 SAMPLED = [SamplingParams(max_new_tokens=16, seed=i, ignore_eos=True) for i in range(4)]
 GREEDY = [SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)] * 4
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    with start_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm-logs")) as launcher:
-        yield launcher
+@pytest.fixture
+def server(vllm_server):
+    """The package's vLLM server (tests/launch/conftest.py): its launcher."""
+    return vllm_server
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_a_server_that_never_joins_fails_within_the_deadline(server, policy, tmp
     finally:
         signal_group(pid, signal.SIGCONT)
     assert url in message and "did not join" in message, message
-    assert "relayrl-w1" in message and "train.broadcast_timeout_s=8" in message, message
+    assert "relayrl-w1" in message and "train.broadcast_timeout_s=5" in message, message
     assert DEADLINE_S - 0.5 <= elapsed <= DEADLINE_S + SLACK_S, elapsed
     assert publisher.generation == 2
     assert_serves(outputs, new, 3)
@@ -184,7 +184,7 @@ def test_a_run_publishes_to_a_vllm_server_by_broadcast(server, tiny_model_dir, t
 def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_from_disk(
     server, policy, tmp_path
 ):
-    """Last: the module's server is replaced (the steps: ``kill_mid_broadcast_then_recover``,
+    """Last: the shared server is replaced (the steps: ``kill_mid_broadcast_then_recover``,
     shared with the built-in engine's test)."""
     new = perturbed(policy, seed=15)
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1)
