@@ -1,7 +1,9 @@
-"""``relayrl bench publish [--quick]``: publication latency per weight transport (disk vs
-broadcast), side by side, on the demo's tiny model and on the ``small`` preset.
+"""``relayrl bench publish [--quick] [--engine builtin|vllm]``: publication latency per weight
+transport (disk vs broadcast), side by side, on the demo's tiny model and on the ``small``
+preset.
 
-Per preset: two ``relayrl serve`` processes over a fresh model, and this process as the
+Per preset: two ``relayrl serve`` processes (``--engine vllm``: vLLM servers, started as a
+run starts them, ``relayrl.launch.vllm``) over a fresh model, and this process as the
 trainer. Each round publishes new weights (seeded noise on the model) once per transport,
 the transports alternating within the round so both see the same machine load, each through
 its real publisher (``relayrl.launch.publish``) and the real client, ``publish_mode=retract``,
@@ -13,11 +15,13 @@ servers idle. Per publication:
   only the first, outside the timed rounds);
 * ``load_s``: until every server has loaded it (``WeightPublisher.load``): disk = each server
   reads the files; broadcast = HTTP announce, gloo broadcast, load (the group formed once,
-  before the timed rounds);
+  before the timed rounds); on vLLM both also pause the server, set its weight version and
+  resume it (``relayrl.engine.vllm_client``);
 * ``total_s`` = hold + load. Medians over the rounds; the ratios are broadcast / disk.
 
-The last line is ``publish_broadcast_vs_disk_<preset>=X.XX``, the total-latency ratio on the
-last preset (below 1: broadcast is faster).
+The last line is ``publish_broadcast_vs_disk_<preset>=X.XX`` (``publish_vllm_broadcast_vs_disk_
+<preset>`` on vLLM), the total-latency ratio on the last preset (below 1: broadcast is
+faster).
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", default="tiny,small", help="comma-separated model presets")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10)")
     parser.add_argument("--servers", type=int, default=2, help="rollout servers (default 2)")
+    parser.add_argument(
+        "--engine", choices=("builtin", "vllm"), default="builtin", help="the rollout servers"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=None,
+        help="--engine vllm: the vLLM environment's python "
+        "(rollout.vllm.python; default .venv-vllm)",
+    )
 
 
 def snapshot_root() -> Path:
@@ -59,10 +72,11 @@ def nudge(model, seed: int) -> None:
             p.add_(1e-3 * torch.randn(p.shape, generator=generator))
 
 
-async def publish_rounds(urls: list[str], model, root: Path, rounds: int) -> dict[str, dict]:
-    """Time ``rounds`` publications per transport; per transport, the median seconds of
-    each phase and the parameter count."""
-    from relayrl.engine.client import RolloutClient
+async def publish_rounds(
+    urls: list[str], model, root: Path, rounds: int, client_class: type
+) -> dict[str, dict]:
+    """Time ``rounds`` publications per transport through a ``client_class`` client; per
+    transport, the median seconds of each phase."""
     from relayrl.launch.publish import BroadcastPublisher, DiskPublisher, ModelSource
 
     source = ModelSource(model)
@@ -71,7 +85,7 @@ async def publish_rounds(urls: list[str], model, root: Path, rounds: int) -> dic
         t: {"hold_s": [], "load_s": [], "total_s": []} for t in TRANSPORTS
     }
     version = 0
-    async with RolloutClient(urls, timeout=600.0) as client:
+    async with client_class(urls, timeout=600.0) as client:
         # untimed: the broadcast transport's first snapshot (written to disk) and group
         for publisher in publishers.values():
             version += 1
@@ -94,10 +108,24 @@ async def publish_rounds(urls: list[str], model, root: Path, rounds: int) -> dic
     return {t: {k: statistics.median(v) for k, v in times[t].items()} for t in TRANSPORTS}
 
 
+def server_spec(model_dir: Path, args: argparse.Namespace):
+    """The server spec and client class of ``--engine``."""
+    if args.engine == "vllm":
+        from relayrl.engine.vllm_client import VLLMClient
+        from relayrl.launch.vllm import VLLMServerSpec, find_vllm_python
+
+        spec = VLLMServerSpec(str(model_dir), find_vllm_python(args.vllm_python), max_seq_len=256)
+        return spec, VLLMClient
+    from relayrl.engine.client import RolloutClient
+    from relayrl.launch.servers import ServerSpec
+
+    return ServerSpec(str(model_dir)), RolloutClient
+
+
 def measure(preset: str, args: argparse.Namespace) -> dict:
     import shutil
 
-    from relayrl.launch.servers import ServerLauncher, ServerSpec
+    from relayrl.launch.servers import ServerLauncher
     from relayrl.models.build import create_model_dir
     from relayrl.models.loading import load_model
     from relayrl.tasks.registry import make_task
@@ -108,9 +136,13 @@ def measure(preset: str, args: argparse.Namespace) -> dict:
         model = load_model(model_dir)
         root = snapshot_root()
         try:
-            spec = ServerSpec(str(model_dir))
-            with ServerLauncher(spec, num_servers=args.servers, log_dir=Path(tmp)) as launcher:
-                result = asyncio.run(publish_rounds(launcher.urls, model, root, args.rounds))
+            spec, client_class = server_spec(model_dir, args)
+            with ServerLauncher(
+                spec, num_servers=args.servers, log_dir=Path(tmp), startup_timeout_s=600.0
+            ) as launcher:
+                result = asyncio.run(
+                    publish_rounds(launcher.urls, model, root, args.rounds, client_class)
+                )
         finally:
             shutil.rmtree(root, ignore_errors=True)
     result["params"] = sum(p.numel() for p in model.parameters())
@@ -124,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     args.rounds = args.rounds or (3 if args.quick else 10)
     presets = [p for p in args.presets.split(",") if p]
     print(
-        f"publish bench: {args.servers} servers, {args.rounds} rounds per transport "
+        f"publish bench: {args.servers} {args.engine} servers, {args.rounds} rounds per transport "
         "(alternating), publish_mode=retract, idle servers, medians in seconds"
     )
     last = 1.0
@@ -144,5 +176,6 @@ def run(args: argparse.Namespace) -> int:
             f"load={ratios['load_s']:.2f} total={ratios['total_s']:.2f}"
         )
         last = ratios["total_s"]
-    print(f"publish_broadcast_vs_disk_{presets[-1]}={last:.2f}")
+    engine = "vllm_" if args.engine == "vllm" else ""
+    print(f"publish_{engine}broadcast_vs_disk_{presets[-1]}={last:.2f}")
     return 0

@@ -357,7 +357,7 @@ class TrainConfig(Section):
         description="how published weights reach the rollout servers (docs/cluster.md): disk = "
         "a safetensors snapshot in train.weights_dir that each server loads; broadcast = "
         "HTTP control plus a gloo transfer group (trainer = rank 0) that broadcasts every "
-        "tensor to all servers (built-in engine only), re-formed under a new name after a "
+        "tensor to all servers (built-in or vLLM), re-formed under a new name after a "
         "server restart",
     )
     broadcast_timeout_s: float = Field(
@@ -596,19 +596,6 @@ class RunConfig(Section):
                 f"{rollout.lag} starts none (use eval.backend=trainer or rollout.lag=async)"
             )
         return rollout
-
-    @field_validator("train")
-    @classmethod
-    def _broadcast_needs_builtin(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
-        rollout = info.data.get("rollout")
-        if train.weight_transport == "broadcast" and rollout is not None:
-            if rollout.engine != "builtin":
-                raise ValueError(
-                    "train.weight_transport=broadcast is implemented for the built-in engine; "
-                    f"rollout.engine={rollout.engine} uses the disk transport "
-                    "(train.weight_transport=disk)"
-                )
-        return train
 
     @field_validator("replay")
     @classmethod

@@ -20,6 +20,14 @@ vLLM's wire protocol instead of the SGLang-style one:
   output and are resubmitted (prefilled again under the new weights); ``keep``
   (``train.publish_mode=inflight``): they stay in the engine with their KV and continue under
   the new weights, their spans recording where the version changed.
+* the broadcast transport (``train.weight_transport=broadcast``, ``relayrl.launch.publish``):
+  :meth:`VLLMClient.init_weights_update_group` and
+  :meth:`VLLMClient.update_weights_from_distributed` take the built-in server's endpoint
+  bodies and make them ``/collective_rpc`` calls of the extension's ``relayrl_join_group``
+  and ``relayrl_receive_weights`` (a gloo group over relayrl's wire module), the receive
+  wrapped as a disk load is: pause, receive and load, set the version, resume. The extension
+  reports a failure in its result (``success: false``), which becomes a
+  :class:`RolloutServerError` naming the server.
 
 Imports: relayrl.engine.client, relayrl.engine.types.
 """
@@ -27,6 +35,8 @@ Imports: relayrl.engine.client, relayrl.engine.types.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from relayrl.engine.client import (
@@ -39,6 +49,8 @@ from relayrl.engine.client import (
 from relayrl.engine.types import SamplingParams
 
 LOAD_METHOD = "relayrl_load_weights"
+JOIN_METHOD = "relayrl_join_group"
+RECEIVE_METHOD = "relayrl_receive_weights"
 # vLLM's pause modes for the built-in engine's: abort-and-resubmit, or keep running requests
 PAUSE_MODES = {"abort": "abort", "retract": "abort", "in_place": "keep", "keep": "keep"}
 MISSING_LOGPROB = -9999.0  # vLLM's sentinel for a token absent from its logprob map
@@ -174,7 +186,24 @@ class VLLMClient(RolloutClient):
         ``version``."""
         body = {"method": LOAD_METHOD, "kwargs": {"weights_path": str(model_path)}}
         await self._broadcast("/collective_rpc", body, urls)
+        await self._tag(version, urls)
+
+    async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
+
+    @contextlib.asynccontextmanager
+    async def _paused_for_load(self, urls: list[str], keep_kv: bool) -> AsyncIterator[None]:
+        """Servers ``urls`` paused around a load, unless this client already paused them:
+        ``keep`` with ``keep_kv`` (running requests continue under the new weights), else
+        ``abort``."""
+        if self._paused_by_us:
+            yield
+            return
+        await self._pause("keep" if keep_kv else "abort", urls)
+        try:
+            yield
+        finally:
+            await self._broadcast("/resume", urls=urls)
 
     async def update_weights(
         self,
@@ -183,20 +212,50 @@ class VLLMClient(RolloutClient):
         urls: list[str] | None = None,
         keep_kv: bool = False,
     ) -> list[Any]:
-        """Load ``model_path`` as ``version`` on every server (or on ``urls``). Unless this
-        client already paused them, each is paused around the load: ``keep`` with
-        ``keep_kv`` (running requests continue under the new weights), else ``abort``."""
+        """Load ``model_path`` as ``version`` on every server (or on ``urls``), paused
+        around the load (:meth:`_paused_for_load`)."""
         targets = list(self.urls if urls is None else urls)
-        tag = 0 if version is None else version
-        if self._paused_by_us:
-            await self.load_and_tag(model_path, tag, targets)
-            return [{"success": True}] * len(targets)
-        await self._pause("keep" if keep_kv else "abort", targets)
-        try:
-            await self.load_and_tag(model_path, tag, targets)
-        finally:
-            await self._broadcast("/resume", urls=targets)
+        async with self._paused_for_load(targets, keep_kv):
+            await self.load_and_tag(model_path, 0 if version is None else version, targets)
         return [{"success": True}] * len(targets)
+
+    # ------------------------------------------------------------------ broadcast transport
+    async def _rpc(self, url: str, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Call the worker extension's ``method`` on the server at ``url``; its result, or a
+        RolloutServerError with the error it reported."""
+        data = await self._request(
+            "POST", url, "/collective_rpc", {"method": method, "kwargs": kwargs}
+        )
+        results = data.get("results") if isinstance(data, dict) else None
+        if not results:
+            raise RolloutServerError(url, f"{method}: no result from its worker ({data!r})", 200)
+        for result in results:
+            if not isinstance(result, dict) or not result.get("success"):
+                error = result.get("error") if isinstance(result, dict) else result
+                raise RolloutServerError(url, f"{method}: {error}", 200)
+        return results[0]
+
+    async def init_weights_update_group(self, url: str, body: dict[str, Any]) -> Any:
+        """Have the server at ``url`` join a weight-transfer group (the built-in endpoint's
+        body, ``relayrl.launch.publish``); returns when it has joined."""
+        if body.get("backend", "gloo") != "gloo":
+            raise RolloutServerError(
+                url, f"backend: {body['backend']!r} is not available on vLLM servers ('gloo')", 400
+            )
+        keys = ("master_address", "master_port", "rank_offset", "world_size", "group_name")
+        kwargs = {k: body[k] for k in keys} | {"timeout_s": float(body.get("timeout_s", 60.0))}
+        return await self._rpc(url, JOIN_METHOD, kwargs)
+
+    async def update_weights_from_distributed(self, url: str, body: dict[str, Any]) -> Any:
+        """Have the server at ``url`` receive a broadcast publication (the built-in endpoint's
+        body) and serve it as ``body["version"]``: paused around the load as a disk load is;
+        returns when it has loaded it (rank 0 must broadcast meanwhile)."""
+        version = int(body.get("version") or 0)
+        kwargs = {k: body[k] for k in ("group_name", "names", "dtypes", "shapes")}
+        async with self._paused_for_load([url], bool(body.get("keep_kv", False))):
+            result = await self._rpc(url, RECEIVE_METHOD, kwargs)
+            await self._tag(version, [url])
+        return result | {"weight_version": version}
 
     # ------------------------------------------------------------------ generation
     GENERATE_PATH = "/inference/v1/generate"

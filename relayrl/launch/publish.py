@@ -7,7 +7,9 @@ the in-memory weights if they are to be broadcast), :class:`WeightPublisher` wit
 loads it through ``/update_weights_from_disk``) and :class:`BroadcastPublisher`
 (``broadcast``: HTTP carries control, a gloo transfer group of the trainer (rank 0) and every
 server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError` and
-:func:`make_publisher`.
+:func:`make_publisher`. Both transports drive built-in and vLLM servers alike: the client
+class speaks each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast
+calls onto relayrl's vLLM worker extension).
 
 A publisher is used in two places: the trainer side calls :meth:`WeightPublisher.snapshot`
 while the trainer is held (a consistent copy of the weights), then the

@@ -8,10 +8,11 @@ does), then vLLM's OpenAI server module as ``__main__`` (the ``vllm`` console sc
 (``--enable-scale-out`` for ``/inference/v1/generate``), behaviour logprobs after temperature
 (``--logprobs-mode processed_logprobs``), the RL control endpoints (``VLLM_SERVER_DEV_MODE=1``)
 and relayrl's weight loader (``--worker-extension-cls``, ``vllm_worker/relayrl_vllm_ext.py``,
-put on the child's ``PYTHONPATH``). The server forks an engine-core and a worker process, so
+put on the child's ``PYTHONPATH`` with ``relayrl/engine/wire``, the broadcast transport's wire
+module it shares with relayrl). The server forks an engine-core and a worker process, so
 it gets a process group of its own (``new_session``) that the launcher signals as a whole.
 
-Imports: relayrl.errors, the standard library.
+Imports: relayrl.engine.wire (its directory only), relayrl.errors, the standard library.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import relayrl.engine.wire as wire
 from relayrl.errors import RelayError
 
 EXTENSION_DIR = Path(__file__).parent / "vllm_worker"
+WIRE_DIR = Path(wire.__file__).parent  # relayrl_transfer_wire: the extension loads it too
 EXTENSION_CLASS = "relayrl_vllm_ext.RelayWeightLoader"
 VENV_DIR = ".venv-vllm"
 
@@ -111,7 +114,8 @@ class VLLMServerSpec:
             "VLLM_CPU_OMP_THREADS_BIND": binds[min(index, len(binds) - 1)],
             "VLLM_SERVER_DEV_MODE": "1",
             # relayrl's own path must not leak into vLLM's interpreter: only the extension
-            "PYTHONPATH": str(EXTENSION_DIR),
+            # and the wire module it shares with relayrl
+            "PYTHONPATH": os.pathsep.join([str(EXTENSION_DIR), str(WIRE_DIR)]),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",

@@ -1,7 +1,7 @@
 """The weight-transfer group (``relayrl.engine.transfer``) in one process: bucket layout by
 hand, a broadcast round trip of mixed dtypes that leaves torch.distributed's default group
 alone (and works beside one), a join that no peer answers failing within its timeout, dtype
-names, and the config rule that keeps the broadcast transport to the built-in engine."""
+names, and the config that takes the broadcast transport for either engine."""
 
 from __future__ import annotations
 
@@ -73,11 +73,10 @@ def test_a_join_no_peer_answers_fails_within_its_timeout():
     assert time.monotonic() - start < 10
 
 
-def test_broadcast_transport_with_vllm_is_a_config_error():
-    with pytest.raises(RelayError, match="broadcast is implemented for the built-in engine"):
-        load_config(None, ["rollout.engine=vllm", "train.weight_transport=broadcast"])
-    config = load_config(None, ["train.weight_transport=broadcast"])
-    assert config.train.weight_transport == "broadcast" and config.rollout.engine == "builtin"
+def test_broadcast_transport_is_accepted_for_both_engines():
+    for engine in ("builtin", "vllm"):
+        config = load_config(None, [f"rollout.engine={engine}", "train.weight_transport=broadcast"])
+        assert config.train.weight_transport == "broadcast" and config.rollout.engine == engine
 
 
 def test_a_transfer_group_beside_a_default_group_leaves_it_working():

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -159,55 +160,67 @@ def test_a_server_that_never_joins_fails_formation_within_the_deadline(
     assert after == [(expected, 3), (expected, 3)]
 
 
-def kill_soon(pid: int, delay_s: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay_s), os.kill(pid, signal.SIGKILL)))
-    thread.start()
-    return thread
+async def kill_mid_broadcast_then_recover(
+    launcher: ServerLauncher,
+    client: RolloutClient,
+    publisher: BroadcastPublisher,
+    models: tuple[torch.nn.Module, torch.nn.Module],
+    tmp_path: Path,
+    signal_server: Callable[[int, int], None] = os.kill,
+) -> tuple[str, ServerSupervisor, list[tuple[str, list[str] | None]]]:
+    """Publish ``models[0]`` (v1, disk + broadcast) under a supervisor, then ``models[1]``
+    (v2, broadcast only) while server 0 is stopped and, a second later, killed (so the kill
+    surely lands mid-broadcast: the group is formed and rank 0 is sending). The publication
+    must fail within its deadline naming the server; then the supervisor publishes v2 again.
+    Returns the killed URL, the supervisor and the disk loads ``(path, urls)`` made."""
+    loads_from_disk: list[tuple[str, list[str] | None]] = []
+    disk_update = client.update_weights
+
+    async def recording_update(path, version=None, urls=None, keep_kv=False):
+        loads_from_disk.append((str(path), urls))
+        return await disk_update(path, version=version, urls=urls, keep_kv=keep_kv)
+
+    client.update_weights = recording_update
+    supervisor = ServerSupervisor(launcher, client, max_restarts=1, publisher=publisher)
+    first = publisher.snapshot(ModelSource(models[0]), tmp_path, 1)
+    await supervisor.publish(first.path, 1, first.state)
+    assert publisher.group.name == "relayrl-w1"
+
+    # 1. at the publisher: the publication fails within its deadline, naming the server
+    victim_url, victim = launcher.urls[0], launcher.pids[0]
+    signal_server(victim, signal.SIGSTOP)
+    killer = threading.Timer(1.0, signal_server, (victim, signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    second = Snapshot(2, None, cpu_weights(models[1]))  # broadcast only
+    with pytest.raises(RolloutServerError) as err:
+        await publisher.load(client, second, "retract")
+    elapsed = time.monotonic() - start
+    killer.join()
+    assert err.value.url == victim_url and err.value.unreachable, err.value
+    assert elapsed <= publisher.timeout_s + SLACK_S, elapsed
+
+    # 2. under the supervisor: restart (last disk snapshot first), new group, v2
+    await supervisor.publish(second.path, 2, second.state)
+    return victim_url, supervisor, loads_from_disk
 
 
 def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_a_new_group(
     servers, tiny_model_dir, tmp_path
 ):
-    """The kill lands while the publication waits on the server (stopped first, so the kill
-    is surely mid-broadcast: the group is formed and the other server is receiving)."""
-    old = perturbed(tiny_model_dir, seed=3)
     new = perturbed(tiny_model_dir, seed=4)
+    models = (perturbed(tiny_model_dir, seed=3), new)
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1)
-    loads_from_disk: list[tuple[str, list[str] | None]] = []
 
     async def main():
         async with RolloutClient(servers.urls, timeout=60) as client:
-            disk_update = client.update_weights
-
-            async def recording_update(path, version=None, urls=None, keep_kv=False):
-                loads_from_disk.append((str(path), urls))
-                return await disk_update(path, version=version, urls=urls, keep_kv=keep_kv)
-
-            client.update_weights = recording_update
-            supervisor = ServerSupervisor(servers, client, max_restarts=1, publisher=publisher)
-            first = publisher.snapshot(ModelSource(old), tmp_path, 1)  # disk + broadcast
-            await supervisor.publish(first.path, 1, first.state)
-            assert publisher.group.name == "relayrl-w1"
-
-            # 1. at the publisher: the publication fails within its deadline, naming it
-            victim_url, victim = servers.urls[0], servers.pids[0]
-            os.kill(victim, signal.SIGSTOP)
-            killer = kill_soon(victim, 1.0)
-            start = time.monotonic()
-            second = Snapshot(2, None, cpu_weights(new))  # broadcast only
-            with pytest.raises(RolloutServerError) as err:
-                await publisher.load(client, second, "retract")
-            elapsed = time.monotonic() - start
-            killer.join()
-            assert err.value.url == victim_url and err.value.unreachable, err.value
-            assert elapsed <= DEADLINE_S + SLACK_S, elapsed
-
-            # 2. under the supervisor: restart (last disk snapshot first), new group, v2
-            await supervisor.publish(second.path, 2, second.state)
-            return victim_url, supervisor.restarts, await checksums(client)
+            victim_url, supervisor, loads = await kill_mid_broadcast_then_recover(
+                servers, client, publisher, models, tmp_path
+            )
+            return victim_url, supervisor.restarts, loads, await checksums(client)
 
     try:
-        victim_url, restarts, after = asyncio.run(main())
+        victim_url, restarts, loads_from_disk, after = asyncio.run(main())
     finally:
         resume_all(servers)
     assert restarts == 1 and servers.urls[0] != victim_url

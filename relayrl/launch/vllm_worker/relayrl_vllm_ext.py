@@ -1,32 +1,126 @@
 """A vLLM worker extension that runs inside the vLLM environment (not relayrl's): the
-launcher puts this directory on the vLLM server's ``PYTHONPATH`` and passes
-``--worker-extension-cls relayrl_vllm_ext.RelayWeightLoader``. It must import nothing from
-relayrl (which is not installed there).
+launcher puts this directory and ``relayrl/engine/wire`` on the vLLM server's ``PYTHONPATH``
+and passes ``--worker-extension-cls relayrl_vllm_ext.RelayWeightLoader``. It must import
+nothing from relayrl (which is not installed there) but the wire module
+``relayrl_transfer_wire`` (the standard library and torch only), which relayrl's side of the
+broadcast transport loads too: the same buckets, in the same order, on both ends.
 
-Why: vLLM 0.32's ``reload_weights`` reloads a layer in place and re-runs its weight
-processing only when the checkpoint holds that layer's weights. A tied LM head
+Its methods are called through vLLM's ``POST /collective_rpc`` (``relayrl.engine.vllm_client``):
+
+* ``relayrl_load_weights(weights_path)``: the disk transport;
+* ``relayrl_join_group(...)`` and ``relayrl_receive_weights(...)``: the broadcast transport
+  (join the trainer's gloo transfer group; receive one publication from it and load it);
+* ``relayrl_leave_group()``.
+
+A publication is received whole before anything is loaded, so a broadcast that fails midway
+(the trainer left the group, a deadline passed) leaves the served weights as they were. The
+received tensors are loaded exactly as a disk snapshot is: through vLLM's in-place
+``reload_weights``, i.e. the model's own ``load_weights`` (vLLM's name mapping, fused qkv and
+gate_up packing) inside its layerwise-reload lifecycle, as vLLM's own weight-transfer engines
+do. The broadcast methods report a failure as ``{"success": false, "error": ...}`` rather
+than raising, so the message reaches the trainer (an exception in a collective RPC comes back
+from vLLM's HTTP server as a bare 500).
+
+Why the CPU GEMM rebuild: vLLM 0.32's ``reload_weights`` reloads a layer in place and re-runs
+its weight processing only when the checkpoint holds that layer's weights. A tied LM head
 (``tie_word_embeddings``: its weight is the embedding's, absent from the checkpoint) is
 skipped, and on CPU it keeps the GEMM handle that ``dispatch_cpu_unquantized_gemm`` built
 over the *old* weights: the embedding changes, the output projection does not, and behaviour
 logprobs drift from the trainer's after the first publication (measured: up to 0.8 nats on
-the demo model). :meth:`RelayWeightLoader.relayrl_load_weights` reloads, then rebuilds those
-handles over the current weights, so what the server samples from is exactly what was
-published.
+the demo model). Every load therefore rebuilds those handles over the current weights, so
+what the server samples from is exactly what was published.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from relayrl_transfer_wire import WireGroup, dtype_from_name
+
 
 class RelayWeightLoader:
-    """Mixed into vLLM's worker class; called as ``collective_rpc("relayrl_load_weights")``."""
+    """Mixed into vLLM's worker class; see the module docstring for its RPC methods."""
+
+    _relayrl_group: WireGroup | None = None  # the transfer group joined, if any
 
     def relayrl_load_weights(self, weights_path: str) -> dict:
-        self.model_runner.reload_weights(weights_path=weights_path)
-        model = self.model_runner.get_model()
-        return {"rebuilt_cpu_gemm": _rebuild_cpu_gemm(model)}
+        return self._relayrl_reload(weights_path=weights_path)
+
+    def relayrl_join_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        timeout_s: float,
+    ) -> dict:
+        """Leave any group joined before, then join ``group_name`` as rank ``rank_offset``
+        (blocks until every rank is in, or ``timeout_s``)."""
+        self.relayrl_leave_group()
+        try:
+            self._relayrl_group = WireGroup.join(
+                master_address,
+                int(master_port),
+                int(rank_offset),
+                int(world_size),
+                group_name,
+                float(timeout_s),
+            )
+        except Exception as exc:  # noqa: BLE001 - reported to the trainer, see the docstring
+            return {"success": False, "error": str(exc)}
+        return {"success": True, "rank": int(rank_offset)}
+
+    def relayrl_receive_weights(
+        self, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
+    ) -> dict:
+        """Receive one publication (one tensor per name, in this order) from rank 0 of the
+        joined group ``group_name``, then load it; a failed receive leaves the group."""
+        group = self._relayrl_group
+        if group is None or group.name != group_name:
+            joined = "no group" if group is None else f"group {group.name!r}"
+            return {
+                "success": False,
+                "error": f"group_name: {group_name!r} is not the joined transfer group (this "
+                f"server has {joined}); join it first",
+            }
+        try:
+            specs = [
+                (n, dtype_from_name(d), [int(x) for x in s])
+                for n, d, s in zip(names, dtypes, shapes, strict=True)
+            ]
+            state = group.receive(specs)
+        except Exception as exc:  # noqa: BLE001 - reported to the trainer
+            self.relayrl_leave_group()  # a broken group is never used again
+            error = f"the broadcast in group {group_name!r} failed ({exc}); the group is left"
+            return {"success": False, "error": error}
+        try:
+            out = self._relayrl_reload(weights_iterator=state.items())
+        except Exception as exc:  # noqa: BLE001 - e.g. a name the model does not have
+            return {"success": False, "error": f"loading the received weights failed: {exc}"}
+        return {"success": True, "tensors": len(state), **out}
+
+    def relayrl_leave_group(self) -> dict:
+        group, self._relayrl_group = self._relayrl_group, None
+        if group is not None:
+            group.close()
+        return {"success": True, "left": group.name if group is not None else None}
+
+    def _relayrl_reload(
+        self,
+        weights_path: str | None = None,
+        weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ) -> dict[str, Any]:
+        """vLLM's in-place reload (from disk or from tensors), then the CPU GEMM rebuild."""
+        self.model_runner.reload_weights(
+            weights_iterator=weights_iterator, weights_path=weights_path
+        )
+        return {"rebuilt_cpu_gemm": _rebuild_cpu_gemm(self.model_runner.get_model())}
 
 
-def _rebuild_cpu_gemm(model) -> int:
+def _rebuild_cpu_gemm(model: torch.nn.Module) -> int:
     """Rebuild the CPU GEMM handle of every layer that kept its weight (embeddings, LM head);
     layers whose weight was moved into the handle were rebuilt by the reload itself."""
     try:
