@@ -213,11 +213,14 @@ def test_servers_land_where_placed_and_a_killed_actor_is_survived(
     steps = [r for r in rows if "train_tokens" in r]
     assert [r["step"] for r in steps] == list(range(1, 9))
     assert max(r.get("server_restarts", 0) for r in steps) >= 1
-    # the dashboard's view: the two nodes, each with its server up again at the end
-    assert re.fullmatch(
-        r"\w{6}@127\.0\.0\.1 1/1 up, \w{6}@127\.0\.0\.1 1/1 up", steps[-1]["servers"]
-    )
-    assert steps[-1]["servers_up"] == steps[-1]["servers_total"] == 2
+    # the dashboard's view: both nodes on every row, the killed server's node seen not up.
+    # The run may end before the respawned actor answers /health (cluster.json above shows
+    # the respawn), so the last row need not show it up again.
+    node = r"\w{6}@127\.0\.0\.1 (1/1 up|0/1 up \(1 (unanswered|restarting|down)\))"
+    views = [r["servers"] for r in steps]
+    assert all(re.fullmatch(f"{node}, {node}", view) for view in views), views
+    assert any("0/1 up" in view for view in views), views
+    assert all(r["servers_total"] == 2 and r["servers_up"] >= 1 for r in steps)
 
     err = (tmp_path / "big.err").read_text().strip().splitlines()
     assert err[-1].startswith("error: Ray could not place the rollout servers: 1 × {'CPU': 4.0}")
