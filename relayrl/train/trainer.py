@@ -7,7 +7,8 @@ and publication of weights as safetensors) and :func:`lr_factor`.
 Per step (advantages are already on the samples: the rollout controller computes them per
 batch): assert every trajectory's staleness ≤ η → pack sequences into micro-batches under ``optim.micro_batch_tokens``
 (``relayrl.algo.microbatch``) → no-grad pass for π_prox (decoupled loss; also the source of
-the behaviour-vs-proximal statistics) → for each PPO mini-batch (``optim.ppo_minibatches``
+the behaviour-vs-proximal statistics; skipped when one AdamW step covers the batch, whose own
+forward pass then gives π_prox, :meth:`RLTrainer._fuses_prox`) → for each PPO mini-batch (``optim.ppo_minibatches``
 contiguous slices of the groups, ``optim.ppo_epochs`` passes; one by default): per
 micro-batch ``policy_loss`` with the mini-batch's normaliser, backward → clip → AdamW step;
 then version + 1 (one version per batch, whatever the number of AdamW steps). With
@@ -265,9 +266,11 @@ class RLTrainer:
         t0 = time.perf_counter()
         parts = minibatch_slices(groups, len(fresh), self.options.ppo_minibatches)
         whole = self._micro_batches(fresh) if len(parts) == 1 and self.replay is None else None
+        fused_prox = self._fuses_prox(parts)
         if self.replay is None:
             trajs = fresh
-            prox = self.traj_logprobs(self.model, trajs, whole) if self._needs_prox() else None
+            separate = self._needs_prox() and not fused_prox
+            prox = self.traj_logprobs(self.model, trajs, whole) if separate else None
             per_token, normalizer, extra = {}, None, {}
         else:
             batch, terms = self._replay_batch(fresh)
@@ -278,7 +281,9 @@ class RLTrainer:
         behav, vers = [t.behav_logprobs for t in trajs], [t.versions for t in trajs]
         extra.update(engine_trainer_kl(behav, vers, prox, self.version))
         before, first_logprobs = prox, None
-        if self.options.drift_metrics and before is None:  # a loss without π_prox:
+        if fused_prox:  # π_prox = the update's own forward pass (detached), kept for stats
+            first_logprobs = {}
+        elif self.options.drift_metrics and before is None:  # a loss without π_prox:
             if self._one_local_update(parts):  # π_v from the update's own forward pass
                 first_logprobs = {}
             else:
@@ -300,8 +305,12 @@ class RLTrainer:
                         None if normalizer is None else normalizer * share,
                         whole,
                         first_logprobs if not updates else None,
+                        fused_prox,
                     )
                 )
+        if fused_prox:
+            prox = [first_logprobs[i] for i in range(len(trajs))]
+            extra.update(engine_trainer_kl(behav, vers, prox, self.version))
         self.scheduler.step()
         self.version += 1
         if self.replay is not None:
@@ -337,9 +346,11 @@ class RLTrainer:
         normalizer: float | None,
         mbs: list[_MicroBatch] | None = None,
         keep_logprobs: dict[int, torch.Tensor] | None = None,
+        fused_prox: bool = False,
     ) -> tuple[dict[str, float], int]:
         """One AdamW step on ``trajs``: micro-batches, backward, clip, step. ``keep_logprobs``
-        receives each trajectory's (detached) logprobs under the weights before the step."""
+        receives each trajectory's (detached) logprobs under the weights before the step;
+        ``fused_prox``: those logprobs are also π_prox (see :meth:`_fuses_prox`)."""
         mbs = mbs if mbs is not None else self._micro_batches(trajs)
         if normalizer is None:
             n_tokens = self._count_tokens(trajs, mbs)
@@ -354,7 +365,7 @@ class RLTrainer:
             for mb in mbs
         ]
         ref = [self._no_grad_logprobs(self.ref_model, mb) for mb in mbs] if self.ref_model else []
-        stats = self._accumulate(mbs, inputs, ref, normalizer, keep_logprobs)
+        stats = self._accumulate(mbs, inputs, ref, normalizer, keep_logprobs, fused_prox)
         grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -392,6 +403,16 @@ class RLTrainer:
     def _needs_prox(self) -> bool:
         return loss_class(self.loss_cfg.loss).needs_prox
 
+    def _fuses_prox(self, parts: list[list[int]]) -> bool:
+        """Whether π_prox comes from the update's own forward pass instead of a no-grad pass.
+
+        π_prox is the policy the batch starts from. With one AdamW step that covers the
+        whole batch here, the update's forward pass runs on exactly those weights and
+        micro-batches, so its detached logprobs are π_prox, and the separate pass (a
+        quarter of a step's compute) would only repeat it. Several mini-batches or epochs
+        need π_prox fixed across AdamW steps, so they keep the separate pass."""
+        return self._needs_prox() and self._one_local_update(parts) and self.options.ppo_epochs == 1
+
     def _accumulate(
         self,
         mbs: list[_MicroBatch],
@@ -399,10 +420,12 @@ class RLTrainer:
         ref: list[torch.Tensor],
         normalizer: float,
         keep_logprobs: dict[int, torch.Tensor] | None = None,
+        fused_prox: bool = False,
     ) -> dict[str, float]:
         """Backward through every micro-batch; ``inputs[i]``: its ``prox_logprobs`` and
         any D-ARL ``token_coef`` / ``log_is_weight``, passed to ``policy_loss``; the detached
-        logprobs of each trajectory go to ``keep_logprobs`` when given."""
+        logprobs of each trajectory go to ``keep_logprobs`` when given. ``fused_prox``: the
+        micro-batch's own detached logprobs are its ``prox_logprobs``."""
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         total = 0
@@ -413,6 +436,8 @@ class RLTrainer:
                 keep_logprobs.update(zip(mb.index, mb.gather(logp.detach()), strict=True))
             with torch.no_grad():
                 ent = entropy_from_logits(logits.detach())
+            if fused_prox:
+                inputs[i] = {**inputs[i], "prox_logprobs": logp.detach()}
             out = policy_loss(
                 logp,
                 mb.behav,

@@ -91,3 +91,30 @@ def test_epochs_multiply_optimizer_steps(tiny_model_dir):
     assert stats["optimizer_steps"] == 6.0
     assert trainer.version == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, params(trainer), strict=True))
+
+
+def test_fused_prox_equals_the_separate_pass(tiny_model_dir):
+    """One AdamW step over the whole batch takes π_prox from its own forward pass; the
+    update, the behaviour weights and the engine-vs-trainer statistics equal those of the
+    separate no-grad pass (forced here), which the step then no longer runs."""
+    knobs = ("optim.lr=3e-2", "rollout.eta=3", "algo.is_level=token", "algo.is_cap=1.5")
+    fused = make_trainer(tiny_model_dir, *knobs)
+    separate = make_trainer(tiny_model_dir, *knobs)
+    separate._fuses_prox = lambda parts: False
+    groups = synthetic_groups(fused, seed=11, lags=[0, 1, 3, 2])
+    calls = []
+    real_pass = fused.traj_logprobs
+    fused.traj_logprobs = lambda *a, **k: calls.append(1) or real_pass(*a, **k)
+    got, want = fused.train_step(groups), separate.train_step(groups)
+    assert calls == []  # no proximal pass
+    for a, b in zip(params(fused), params(separate), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for key in ("is_weight_mean", "is_weight_max", "ess_frac", "engine_trainer_kl_k3", "behav_kl_k3"):
+        assert key in want, key
+        assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), key
+    assert want["is_weight_max"] > 1.0  # the stale tokens carry behaviour weights ≠ 1
+    # several mini-batches need π_prox fixed across AdamW steps: the separate pass stays
+    split = make_trainer(tiny_model_dir, *knobs, "optim.ppo_minibatches=2")
+    assert not split._fuses_prox([[0], [1]])
+    assert not make_trainer(tiny_model_dir, *knobs, "optim.ppo_epochs=2")._fuses_prox([[0]])
+    assert not make_trainer(tiny_model_dir, "algo.loss=ppo")._fuses_prox([[0]])
