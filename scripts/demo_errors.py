@@ -1,6 +1,6 @@
 """Error analysis of the demo's held-out completions (arithmetic chains; docs/demo.md).
 
-    python scripts/demo_errors.py EVAL.jsonl [EVAL2.jsonl ...]
+    python scripts/demo_errors.py EVAL.jsonl [EVAL2.jsonl ...] [--params '{"max_steps": 40}']
 
 EVAL.jsonl is a per-problem file as ``relayrl sft`` (``<run>/sft_eval.jsonl``) or ``relayrl
 eval --out`` writes it for the default task's test split. Every wrong completion is
@@ -10,14 +10,15 @@ error is one of the deltas SFT's wrong demonstrations use), ``copy_value`` (the 
 is not the previous result), ``copy_op`` (operator or operand not the prompt's step),
 ``steps`` (too few or too many step lines), ``answer`` (the #### line differs from the last
 result), ``format`` (an unreadable line or no #### line). Counts are broken down by chain
-length and by the operator of the failing step.
+length and by the operator of the failing step. ``--params`` gives the task parameters the
+file was evaluated with (JSON; the default task's otherwise), e.g. the long-tail workload's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from collections import Counter
 
 from relayrl.tasks.arithmetic import _APPLY, _WRONG_DELTAS, ArithmeticTask, _label
@@ -54,9 +55,9 @@ def classify(meta: dict, completion: str) -> tuple[str, int, str]:
     return "answer", len(ops), "answer"
 
 
-def analyse(path: str) -> None:
+def analyse(path: str, params: dict) -> None:
     rows = [json.loads(line) for line in open(path)]
-    problems = {p.id: p for p in ArithmeticTask().problems("test", len(rows), seed=0)}
+    problems = {p.id: p for p in ArithmeticTask(**params).problems("test", len(rows), seed=0)}
     kinds: Counter = Counter()
     by_len_total: Counter = Counter()
     by_len_wrong: Counter = Counter()
@@ -88,5 +89,9 @@ def analyse(path: str) -> None:
 
 
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        analyse(p)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", help="per-problem eval JSONL files")
+    parser.add_argument("--params", default="{}", help="the task's parameters (JSON)")
+    args = parser.parse_args()
+    for p in args.files:
+        analyse(p, json.loads(args.params))

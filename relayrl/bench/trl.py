@@ -146,7 +146,7 @@ DEMO = Workload(
 # model to learn (with the demo's 30 / 5, 800 × 32 SFT steps gave base pass@1 0.055).
 LONGTAIL_CONFIG = (
     "task.params.min_steps=2",
-    "task.params.max_steps=40",
+    "task.params.max_steps=24",
     "task.params.tail=0.85",
     "task.params.max_value=20",
     "task.params.max_operand=3",
@@ -158,7 +158,7 @@ LONGTAIL = Workload(
     full=replace(
         DEMO.full,
         workload="longtail",
-        steps=40,
+        steps=60,
         prompts_per_step=8,
         max_new_tokens=512,
         eval_max_new_tokens=512,
@@ -171,7 +171,7 @@ LONGTAIL = Workload(
         eval_max_new_tokens=128,
         extra_overrides=LONGTAIL_CONFIG,
     ),
-    sft=("sft.steps=1000", "sft.batch_size=32", "sft.wrong_fraction=0.3"),
+    sft=("sft.steps=1500", "sft.batch_size=32", "sft.wrong_fraction=0.5"),
     quick_sft=("sft.steps=20", "sft.batch_size=16", "eval.num_problems=16"),
     about="arithmetic chains of 2 + Geometric(0.85) steps up to 40, values ≤ 20, operands "
     "≤ 3 (long-tail completion lengths, budget 512 tokens), tiny preset, 768-token context",
