@@ -109,7 +109,8 @@ def test_fused_prox_equals_the_separate_pass(tiny_model_dir):
     assert calls == []  # no proximal pass
     for a, b in zip(params(fused), params(separate), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    for key in ("is_weight_mean", "is_weight_max", "ess_frac", "engine_trainer_kl_k3", "behav_kl_k3"):
+    stats = ("is_weight_mean", "is_weight_max", "ess_frac", "engine_trainer_kl_k3", "behav_kl_k3")
+    for key in stats:
         assert key in want, key
         assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), key
     assert want["is_weight_max"] > 1.0  # the stale tokens carry behaviour weights ≠ 1
