@@ -1,4 +1,4 @@
-"""``relayrl bench trl``: TRL's ``GRPOTrainer`` against relayrl (async η = 4 and sync η = 0).
+"""``relayrl bench trl``: TRL's ``GRPOTrainer`` against relayrl (async η = 4, ``--eta``, and sync η = 0).
 
 Owns the side-by-side benchmark: one SFT base model directory, one workload's task, reward
 function, B (prompts per step), n (group size), completion budget, AdamW (same lr, betas,
@@ -58,7 +58,8 @@ HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a 
 
 TRL_VERSION = "1.16.0"
 TRL_THREADS = 2  # TRL runs alone on the machine, so it gets both cores
-ASYNC_THREADS = {"server": 1, "trainer": 1}  # η = 4: generation and training overlap
+ASYNC_THREADS = {"server": 1, "trainer": 1}  # generation and training overlap
+ASYNC_ETA = 4  # the demo's preset; --eta changes it
 SYNC_THREADS = {"server": 2, "trainer": 2}  # η = 0: the phases alternate, each may use both
 SIDES = ("relayrl_async", "relayrl_sync", "trl")
 RSS_POLL_S = 0.2
@@ -72,7 +73,7 @@ DIFFERENCES = [
     "loss: relayrl decoupled PPO (eps 0.2/0.28 on pi/pi_prox) vs TRL loss_type='dapo' "
     "(epsilon=0.2, epsilon_high=0.28 on pi/pi_old, token level); with one update per batch "
     "both ratios are 1 on fresh data, so the sync sides compute the same token-mean gradient",
-    "staleness: relayrl async trains samples up to 4 versions old (corrected by pi_prox/mu); "
+    "staleness: relayrl async trains samples up to eta versions old (corrected by pi_prox/mu); "
     "TRL and relayrl sync are on-policy",
     "advantages: (r - mean) / (std + eps), unbiased std in both; eps 1e-6 (relayrl) vs 1e-4 (TRL)",
     "KL: none on either side (relayrl algo.kl_coef=0, TRL beta=0)",
@@ -99,6 +100,7 @@ class Settings(RunBudget):
     workload: str = "demo"
     target: float | None = None
     target_fraction: float = DEFAULT_TARGET_FRACTION
+    async_eta: int = ASYNC_ETA
     seed: int = 0
     extra_overrides: tuple[str, ...] = ()  # the workload's task and model settings
 
@@ -139,11 +141,12 @@ DEMO = Workload(
     about="the demo's arithmetic task (2-6 steps, ~35 completion tokens) and budget",
 )
 
-# Arithmetic chains of 2 + Geometric(0.85) steps, capped at 40: about 9 tokens per step, so
-# a median completion of ~55 tokens and a tail to ~400; prompts grow with the chain (up to
-# ~180 tokens), hence the 768-token context that fits the longest prompt + 512 new tokens.
-# Values ≤ 20 and operands ≤ 3 keep the arithmetic small enough for a short SFT of the tiny
-# model to learn (with the demo's 30 / 5, 800 × 32 SFT steps gave base pass@1 0.055).
+# Arithmetic chains of 2 + Geometric(0.85) steps, capped at 24 (single-letter labels a-x):
+# about 9 tokens per step, so a median completion of ~55 tokens and a tail to ~230 (and to the
+# 512 budget when the model loses its way); the 768-token context fits the longest prompt +
+# 512 new tokens. Values ≤ 20 and operands ≤ 3 keep the arithmetic small enough for a short
+# SFT of the tiny model to learn. Chains up to 40 (labels past z) left a base whose failures
+# were mostly lookups of the step in the prompt, which RL did not improve (docs/trl.md).
 LONGTAIL_CONFIG = (
     "task.params.min_steps=2",
     "task.params.max_steps=24",
@@ -173,7 +176,7 @@ LONGTAIL = Workload(
     ),
     sft=("sft.steps=1500", "sft.batch_size=32", "sft.wrong_fraction=0.5"),
     quick_sft=("sft.steps=20", "sft.batch_size=16", "eval.num_problems=16"),
-    about="arithmetic chains of 2 + Geometric(0.85) steps up to 40, values ≤ 20, operands "
+    about="arithmetic chains of 2 + Geometric(0.85) steps up to 24, values ≤ 20, operands "
     "≤ 3 (long-tail completion lengths, budget 512 tokens), tiny preset, 768-token context",
 )
 WORKLOADS = {w.name: w for w in (DEMO, LONGTAIL)}
@@ -235,6 +238,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps per side")
     parser.add_argument("--eval-every", type=int, default=None, help="steps between evals")
     parser.add_argument("--eval-problems", type=int, default=None, help="held-out problems")
+    parser.add_argument(
+        "--eta",
+        type=int,
+        default=None,
+        help=f"staleness bound of the relayrl async side (default {ASYNC_ETA}, the demo's)",
+    )
     parser.add_argument("--out", default="runs/bench_trl", help="output directory")
     parser.add_argument(
         "--sides",
@@ -260,6 +269,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "eval_problems": args.eval_problems,
         "target": args.target,
         "target_fraction": getattr(args, "target_fraction", None),
+        "async_eta": getattr(args, "eta", None),
     }
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
     for name, value in (("steps", s.steps), ("eval_every", s.eval_every)):
@@ -271,6 +281,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise RelayError(f"--target must be in (0, 1] (got {s.target})")
     if not 0 < s.target_fraction <= 1:
         raise RelayError(f"--target-fraction must be in (0, 1] (got {s.target_fraction})")
+    if s.async_eta < 1:
+        raise RelayError(f"--eta must be ≥ 1 for the async side (got {s.async_eta})")
     return s
 
 
@@ -313,7 +325,8 @@ def run_config(
     the TRL side, and of the SFT base's config with ``extra`` = the SFT settings)."""
     from relayrl.config.loader import load_config
 
-    eta, threads = (4, ASYNC_THREADS) if side == "relayrl_async" else (0, SYNC_THREADS)
+    async_side = side == "relayrl_async"
+    eta, threads = (s.async_eta, ASYNC_THREADS) if async_side else (0, SYNC_THREADS)
     overrides = [
         f"output_dir={out / 'runs'}",
         f"name={run_name(side, s.seed)}",
@@ -794,7 +807,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"bench trl: workload={s.workload} ({workload_of(args).about}) model={model_dir} "
         f"steps={s.steps} B={s.prompts_per_step} n={s.n_samples} "
-        f"max_new_tokens={s.max_new_tokens} eval every {s.eval_every} steps on "
+        f"max_new_tokens={s.max_new_tokens} async eta={s.async_eta} eval every {s.eval_every} steps on "
         f"{s.eval_problems} held-out problems, {rule}, seeds {','.join(map(str, seeds))}, "
         f"load average {load:.2f} on {os.cpu_count()} cores"
     )

@@ -142,7 +142,7 @@ def test_longtail_workload_settings(tmp_path):
     config = run_config(s, tmp_path, None, "relayrl_sync")
     assert config.task.params == {
         "min_steps": 2,
-        "max_steps": 40,
+        "max_steps": 24,
         "tail": 0.85,
         "max_value": 20,
         "max_operand": 3,
@@ -158,9 +158,21 @@ def test_longtail_workload_settings(tmp_path):
     assert quick.steps <= 5 and quick.eval_problems <= 32 and quick.workload == "longtail"
 
 
+def test_eta_sets_the_async_side_only(tmp_path):
+    from relayrl.bench.trl import run_config
+
+    s = settings_from_args(_args(eta=2))
+    assert run_config(s, tmp_path, None, "relayrl_async").rollout.eta == 2
+    assert run_config(s, tmp_path, None, "relayrl_sync").rollout.eta == 0
+    default = settings_from_args(_args())
+    assert run_config(default, tmp_path, None, "relayrl_async").rollout.eta == 4
+    with pytest.raises(RelayError, match="--eta must be ≥ 1"):
+        settings_from_args(_args(eta=0))
+
+
 def test_longtail_chain_lengths_have_a_long_tail():
     """2 + Geometric(0.85) steps: P(steps ≥ 2 + k) = 0.85^k, so the median is 6
-    (0.85^4 = 0.52 ≥ 0.5 > 0.85^5 = 0.44) and p90 is 16 (0.85^14 = 0.10); capped at 40."""
+    (0.85^4 = 0.52 ≥ 0.5 > 0.85^5 = 0.44) and p90 is 16 (0.85^14 = 0.10); capped at 24."""
     import statistics
 
     from relayrl.tasks.registry import make_task
@@ -169,7 +181,7 @@ def test_longtail_chain_lengths_have_a_long_tail():
     steps = sorted(len(p.meta["ops"]) for p in task.problems("train", 4000, 0))
     assert abs(statistics.median(steps) - 6) <= 1
     assert abs(steps[int(0.9 * len(steps))] - 16) <= 1
-    assert 30 <= steps[-1] <= 40 and steps[0] == 2
+    assert steps[-1] == 24 and steps[0] == 2  # 0.85^22 = 2.8 %: the cap is reached
 
 
 def test_longtail_prompts_fit_the_context():
