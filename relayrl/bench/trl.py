@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -43,6 +44,7 @@ from relayrl.bench.trl_target import (
     SideSummary,
     Target,
     common_target,
+    crossing_midpoint,
     fixed_target,
     percentiles,
     ratio_of_means,
@@ -780,6 +782,30 @@ def _print_target(results: list[SideResult], target: Target, summaries) -> None:
             f"samples_per_s {summary.samples_per_s} (mean ± std over seeds "
             f"{','.join(map(str, summary.seeds))})"
         )
+    midpoints = midpoint_means(results, target.value)
+    if midpoints:
+        print(
+            "time to target at the midpoint of each run's crossing interval (the evaluation "
+            "grid inflates the slower side more): "
+            + ", ".join(f"{side} {t:.1f} s" for side, t in midpoints.items())
+            + (
+                f"; TRL / relayrl async {midpoints['trl'] / midpoints['relayrl_async']:.2f}"
+                if {"trl", "relayrl_async"} <= midpoints.keys()
+                else ""
+            )
+        )
+
+
+def midpoint_means(results: list[SideResult], target: float) -> dict[str, float]:
+    """Each side's mean over seeds of :func:`crossing_midpoint`; {} if some run never
+    reached ``target``."""
+    by_side: dict[str, list[float]] = {}
+    for r in results:
+        m = crossing_midpoint(r.curve, target)
+        if m is None:
+            return {}
+        by_side.setdefault(r.side, []).append(m)
+    return {side: statistics.fmean(values) for side, values in by_side.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -833,6 +859,7 @@ def run(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "base_completion_tokens": lengths,
         "quick": bool(args.quick),
+        "midpoint_time_to_target_s": midpoint_means(results, target.value),
     }
     final: tuple[float, str, str] | None = None
     if "trl" in summaries:

@@ -72,6 +72,19 @@ def time_to_target(curve: Curve, total_seconds: float, target: float) -> tuple[f
     return total_seconds, False
 
 
+def crossing_midpoint(curve: Curve, target: float) -> float | None:
+    """The midpoint of the interval in which pass@1 crossed ``target``: between the last
+    evaluation below it and the first at or above it (after step 0); None if never reached.
+    Evaluations every k steps put a run's time to target at the end of that interval, which
+    inflates a slow side (wide intervals) more than a fast one; the midpoint halves that."""
+    before = 0.0
+    for step, elapsed, p in curve:
+        if step > 0 and p >= target:
+            return (before + elapsed) / 2
+        before = elapsed
+    return None
+
+
 @dataclass(frozen=True)
 class Spread:
     """Mean and sample standard deviation (n − 1; 0 for one value) over seeds."""

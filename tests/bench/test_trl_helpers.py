@@ -295,3 +295,19 @@ def test_percentiles_nearest_rank():
     assert percentiles([7]) == {"p50": 7, "p90": 7, "max": 7}
     # 20 lengths: p90 is the 18th smallest
     assert percentiles(list(range(1, 21))) == {"p50": 10, "p90": 18, "max": 20}
+
+
+def test_crossing_midpoint_halves_the_evaluation_grid():
+    from relayrl.bench.trl import SideResult, midpoint_means
+    from relayrl.bench.trl_target import crossing_midpoint
+
+    curve = [(0, 0.0, 0.4), (5, 10.0, 0.5), (10, 20.0, 0.62), (15, 30.0, 0.7)]
+    assert crossing_midpoint(curve, 0.6) == 15.0  # crossed between 10 s and 20 s
+    assert crossing_midpoint(curve, 0.45) == 5.0  # between the base (0 s) and 10 s
+    assert crossing_midpoint(curve, 0.8) is None
+    runs = [
+        SideResult("trl", curve, 30.0, 960, seed=0),
+        SideResult("trl", [(0, 0.0, 0.4), (5, 4.0, 0.61)], 4.0, 320, seed=1),
+    ]
+    assert midpoint_means(runs, 0.6) == {"trl": (15.0 + 2.0) / 2}
+    assert midpoint_means(runs, 0.65) == {}  # seed 1 never reached it
