@@ -730,7 +730,10 @@ def write_outputs(
     }
     (out / "trl_bench.json").write_text(json.dumps(doc, indent=2))
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    labels = {"relayrl_async": "relayrl async (η=4)", "relayrl_sync": "relayrl sync (η=0)"}
+    labels = {
+        "relayrl_async": f"relayrl async (η={s.async_eta})",
+        "relayrl_sync": "relayrl sync (η=0)",
+    }
     colours = {"relayrl_async": "tab:blue", "relayrl_sync": "tab:orange", "trl": "tab:green"}
     labelled: set[str] = set()
     for r in results:

@@ -287,6 +287,14 @@ class AlgoConfig(Section):
     dynamic_sampling: bool = Field(
         True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
     )
+    max_filtered_per_step: float | None = Field(
+        4.0,
+        gt=0,
+        description="dynamic sampling drops at most this × rollout.prompts_per_step groups per "
+        "trainer step; past that, all-equal groups fill the batch (zero GRPO advantage) "
+        "instead of waiting for more: a nearly solved task no longer starves the trainer "
+        "(null: no cap)",
+    )
 
     @field_validator("loss")
     @classmethod

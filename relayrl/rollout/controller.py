@@ -18,6 +18,11 @@ admitted with rank r among kept groups is trained at step ⌊r/B⌋ ≤ p + η, 
 come from weights ≥ p, so its staleness is at most η whatever the completion order (see
 docs/async.md for the proof and why completion order would not give this).
 
+Dynamic sampling drops at most ``max_filtered_per_step`` groups between two batches handed
+out (``algo.max_filtered_per_step`` × B); past that, an all-equal group is kept and fills a
+slot of the batch (``accepted_uniform_groups``), so a nearly solved task costs the trainer a
+few wasted slots instead of a wait for the rare group that still carries an advantage.
+
 Imports: the engine's plain types and client error, the algo helpers, the Trajectory record,
 relayrl.rollout (workflow, prompts). Generation, decoding and grading are injected callables,
 so tests can drive the controller with fakes and the trainer with the real servers.
@@ -26,6 +31,7 @@ so tests can drive the controller with fakes and the trainer with the real serve
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -82,6 +88,11 @@ class AbortedSample(RuntimeError):
     rejected (``rejected_aborted``) and replaced, never trained as if complete."""
 
 
+def filter_cap(per_step: float | None, prompts_per_step: int) -> int | None:
+    """``algo.max_filtered_per_step`` (a multiple of B) as a number of groups per step."""
+    return None if per_step is None else max(1, math.ceil(per_step * prompts_per_step))
+
+
 @dataclass
 class ControllerOptions:
     """What the controller needs from the run config (see ``RolloutConfig``/``AlgoConfig``)."""
@@ -96,6 +107,7 @@ class ControllerOptions:
     max_context: int | None = None
     advantage: str = "grpo"
     dynamic_sampling: bool = False
+    max_filtered_per_step: int | None = None  # None: dynamic sampling waits for as long as it takes
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     seed: int = 0
@@ -123,6 +135,7 @@ class ControllerOptions:
             max_context=config.model.max_context,
             advantage=a.advantage,
             dynamic_sampling=a.dynamic_sampling,
+            max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
             overlong_buffer=a.overlong_buffer,
             overlong_penalty=a.overlong_penalty,
             seed=config.seed,
@@ -192,7 +205,8 @@ class RolloutController:
         self._admit_task: asyncio.Task | None = None
         self._fatal: BaseException | None = None
         self._consecutive_errors = 0
-        self._filtered_in_row = 0
+        self._filtered_in_row = 0  # all-equal groups in a row, filtered or past the cap
+        self._filtered_this_step = 0  # groups dropped since the last batch was handed out
         self._gen_tokens = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -375,18 +389,23 @@ class RolloutController:
     def _finish_group(self, group: Group) -> None:
         rewards = [t.reward for t in group.trajectories]
         if self.opt.dynamic_sampling and not dynamic_sampling_keep(rewards):
-            self._reject(group, "filtered")
             self._filtered_in_row += 1
             if self._filtered_in_row >= self.opt.max_consecutive_filtered:
                 self.fail(
                     RelayError(
-                        f"dynamic sampling dropped {self._filtered_in_row} groups in a row "
-                        f"(every sample of each got the same reward, last {rewards}); the task "
-                        "is too hard or too easy for this model, or set algo.dynamic_sampling=false"
+                        f"dynamic sampling saw {self._filtered_in_row} groups in a row whose "
+                        f"samples all got the same reward (last {rewards}); the task is too "
+                        "hard or too easy for this model, or set algo.dynamic_sampling=false"
                     )
                 )
-            return
-        self._filtered_in_row = 0
+            cap = self.opt.max_filtered_per_step
+            if cap is None or self._filtered_this_step < cap:
+                self._filtered_this_step += 1
+                self._reject(group, "filtered")
+                return
+            self.counters["accepted_uniform_groups"] += 1  # past the cap: it fills the batch
+        else:
+            self._filtered_in_row = 0
         group.status = "ready"
         del self._running[group.index]
         self.accepted += 1
@@ -424,6 +443,7 @@ class RolloutController:
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
         assign_advantages([g.trajectories for g in batch], self.opt.advantage)
         self.consumed_version += 1
+        self._filtered_this_step = 0
         self._notify()
         return batch
 
@@ -480,6 +500,7 @@ class RolloutController:
             "accepted": self.accepted,
             "consumed_version": self.consumed_version,
             "next_index": self._next_index,
+            "filtered_this_step": self._filtered_this_step,
             "pending": pending,
         }
 
@@ -496,6 +517,7 @@ class RolloutController:
         self.accepted = int(state["accepted"])
         self.consumed_version = int(state["consumed_version"])
         self._next_index = int(state["next_index"])
+        self._filtered_this_step = int(state.get("filtered_this_step", 0))
         self._pending.clear()
         self._running.clear()
         for entry in state["pending"]:

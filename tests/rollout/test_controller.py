@@ -16,6 +16,7 @@ from relayrl.rollout.controller import (
     ControllerOptions,
     RolloutController,
     admission_capacity,
+    filter_cap,
     request_seed,
 )
 from relayrl.rollout.prompts import PromptLoader
@@ -193,8 +194,48 @@ def test_dynamic_sampling_that_drops_everything_stops_the_run():
     )
     servers = FakeServers(random.Random(3))
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
-    with pytest.raises(RelayError, match="dynamic sampling dropped 7 groups in a row"):
+    with pytest.raises(RelayError, match="dynamic sampling saw 7 groups in a row"):
         one_batch(ctrl)
+
+
+def test_filter_cap_fills_the_batch_with_all_equal_groups():
+    """Past ``max_filtered_per_step`` dropped groups in a step, an all-equal group is kept:
+    the batch is handed out with such groups (zero GRPO advantages) instead of waiting."""
+    assert filter_cap(4.0, 16) == 64 and filter_cap(0.1, 3) == 1 and filter_cap(None, 8) is None
+    options = ControllerOptions(
+        n_samples=2,
+        prompts_per_step=3,
+        eta=0,
+        max_new_tokens=8,
+        dynamic_sampling=True,
+        max_filtered_per_step=2,
+    )
+    servers = FakeServers(random.Random(4))
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+    batch = one_batch(ctrl)
+    assert ctrl.counters["rejected_filtered"] == 2
+    assert ctrl.counters["accepted_uniform_groups"] == 3
+    assert [t.advantage for g in batch for t in g.trajectories] == [0.0] * 6
+
+
+def test_filter_cap_still_stops_a_run_whose_groups_are_all_equal():
+    """Kept past the cap or dropped, all-equal groups in a row count toward
+    ``max_consecutive_filtered``: a task the model cannot move still stops the run."""
+    rng = random.Random(5)
+    options = ControllerOptions(
+        n_samples=2,
+        prompts_per_step=2,
+        eta=1,
+        max_new_tokens=8,
+        dynamic_sampling=True,
+        max_filtered_per_step=1,
+        max_consecutive_filtered=9,
+    )
+    servers = FakeServers(rng)
+    ctrl = make_controller(servers, options, lambda p, t: FakeReward(0.0))
+    with pytest.raises(RelayError, match="dynamic sampling saw 9 groups in a row"):
+        asyncio.run(drive(ctrl, servers, 20, 1, rng))
+    assert ctrl.counters["accepted_uniform_groups"] >= 1
 
 
 def test_async_actually_overlaps_and_reaches_eta():
