@@ -183,16 +183,21 @@ def test_failing_generation_stops_the_run_after_the_limit():
     assert ctrl.counters["rejected_error"] >= 5
 
 
-def test_dynamic_sampling_that_drops_everything_stops_the_run():
-    options = ControllerOptions(
+def filtering(prompts_per_step: int = 2, eta: int = 1, **kw) -> ControllerOptions:
+    """Options with dynamic sampling on, groups of two samples."""
+    return ControllerOptions(
         n_samples=2,
-        prompts_per_step=2,
-        eta=1,
+        prompts_per_step=prompts_per_step,
+        eta=eta,
         max_new_tokens=8,
         dynamic_sampling=True,
-        max_consecutive_filtered=7,
+        **kw,
     )
+
+
+def test_dynamic_sampling_that_drops_everything_stops_the_run():
     servers = FakeServers(random.Random(3))
+    options = filtering(max_consecutive_filtered=7)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     with pytest.raises(RelayError, match="dynamic sampling saw 7 groups in a row"):
         one_batch(ctrl)
@@ -202,15 +207,8 @@ def test_filter_cap_fills_the_batch_with_all_equal_groups():
     """Past ``max_filtered_per_step`` dropped groups in a step, an all-equal group is kept:
     the batch is handed out with such groups (zero GRPO advantages) instead of waiting."""
     assert filter_cap(4.0, 16) == 64 and filter_cap(0.1, 3) == 1 and filter_cap(None, 8) is None
-    options = ControllerOptions(
-        n_samples=2,
-        prompts_per_step=3,
-        eta=0,
-        max_new_tokens=8,
-        dynamic_sampling=True,
-        max_filtered_per_step=2,
-    )
     servers = FakeServers(random.Random(4))
+    options = filtering(prompts_per_step=3, eta=0, max_filtered_per_step=2)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     batch = one_batch(ctrl)
     assert ctrl.counters["rejected_filtered"] == 2
@@ -222,16 +220,8 @@ def test_filter_cap_still_stops_a_run_whose_groups_are_all_equal():
     """Kept past the cap or dropped, all-equal groups in a row count toward
     ``max_consecutive_filtered``: a task the model cannot move still stops the run."""
     rng = random.Random(5)
-    options = ControllerOptions(
-        n_samples=2,
-        prompts_per_step=2,
-        eta=1,
-        max_new_tokens=8,
-        dynamic_sampling=True,
-        max_filtered_per_step=1,
-        max_consecutive_filtered=9,
-    )
     servers = FakeServers(rng)
+    options = filtering(max_filtered_per_step=1, max_consecutive_filtered=9)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(0.0))
     with pytest.raises(RelayError, match="dynamic sampling saw 9 groups in a row"):
         asyncio.run(drive(ctrl, servers, 20, 1, rng))
