@@ -8,7 +8,7 @@ one number per completion (the trainer broadcasts it over the completion's token
 
 Advantages are computed once per training batch, by the rollout controller as it hands the
 batch out, before any selection or replay, so dropping samples later never changes a group's
-statistics (see DESIGN.md, "Trajectory").
+statistics (see docs/architecture.md, "Trajectory").
 
 Imports: the standard library and relayrl.registry (torch is not needed for this arithmetic).
 """

@@ -329,7 +329,9 @@ class OptimConfig(Section):
         ge=1,
         description="AdamW steps per batch: the batch's groups are split into this many "
         "mini-batches (PPO's inner loop; AReaL's ppo_n_minibatches). Proximal logprobs are "
-        "computed once before the first; the weight version advances by one per batch",
+        "computed once before the first (with one mini-batch, one epoch, no replay and one "
+        "rank they are the update's own forward pass: no extra pass, and the clip never "
+        "binds); the weight version advances by one per batch",
     )
     ppo_epochs: int = Field(1, ge=1, description="passes over the batch's mini-batches")
 
@@ -397,11 +399,13 @@ class TrainConfig(Section):
     )
     drift_metrics: bool = Field(
         False,
-        description="(off by default: ≈ 1.3× trainer time with one update per batch; the "
-        "staleness experiment turns it on) log per-version drift on every batch's trained tokens, alike for every "
+        description="(off by default: one more no-grad forward pass per batch, ≈ 1.3× trainer time "
+        "as measured before π_prox was fused into the update; the staleness experiment "
+        "turns it on) log per-version drift on every batch's trained tokens, alike for every "
         "loss: drift_kl_k3 = KL(π_v ‖ π_v+1) (one more no-grad forward pass over the batch "
-        "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox, or for ppo the "
-        "update's own forward; ppo in mini-batches pays one more pass before); docs/async.md",
+        "after the update) and behav_prox_kl_k3 = KL(μ ‖ π_v) (from π_prox, which is the "
+        "update's own forward when one AdamW step covers the batch; ppo in mini-batches "
+        "pays one more pass before); docs/async.md",
     )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
         None,
