@@ -1,97 +1,84 @@
-"""The extension seams, used from outside the package as a user would: a new policy loss, a
-new advantage estimator, a new task, a new grader and a new rollout workflow are each one
-class (or function) plus one registry line, and the rest of relayrl picks them up by name."""
+"""The extension seams, used from outside the package as a user would: docs/extending.md's
+examples (a policy loss, an advantage estimator, a task and its grader, a rollout workflow)
+are pasted unchanged into a module outside the package, imported, and then picked up by
+name by the rest of relayrl."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
-from dataclasses import dataclass, replace
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
-from relayrl.algo.advantages import ADVANTAGES, AdvantageEstimator, register_advantage
-from relayrl.algo.losses import (
-    LOSSES,
-    LossConfig,
-    PolicyLoss,
-    TokenInputs,
-    TokenLoss,
-    policy_loss,
-    register_loss,
-)
+from relayrl.algo.advantages import ADVANTAGES
+from relayrl.algo.losses import LOSSES, LossConfig, PolicyLoss, policy_loss, register_loss
 from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
-from relayrl.rewards.dispatch import GRADERS, grade_detail, register_grader
+from relayrl.rewards.dispatch import GRADERS, grade_detail
 from relayrl.rollout.controller import ControllerOptions, assign_advantages
 from relayrl.rollout.trajectory import Trajectory
-from relayrl.rollout.workflow import (
-    WORKFLOWS,
-    GroupRequest,
-    RolloutServices,
-    RolloutWorkflow,
-    Sample,
-    register_workflow,
-    trajectory_of,
-)
-from relayrl.tasks.base import Problem, SyntheticTask
-from relayrl.tasks.registry import TASKS, make_task, register_task
+from relayrl.rollout.workflow import WORKFLOWS
+from relayrl.tasks.registry import TASKS, make_task
 from tests.buffer.test_replay_training import make_trainer, params, synthetic_groups
 from tests.rollout.test_controller import FakeReward, FakeServers, make_controller, one_batch
 
-
-class VanillaPG(PolicyLoss):
-    """REINFORCE on the sampled tokens: ℓ = −A · log π_θ (no ratio, no clip)."""
-
-    name = "test_vanilla_pg"
-
-    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
-        none = torch.zeros_like(inputs.mask, dtype=torch.bool)
-        per_token = -inputs.advantages * inputs.logprobs
-        ratio = torch.ones_like(inputs.logprobs)
-        return TokenLoss(per_token, ratio, none, none, anchor=inputs.logprobs.detach())
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+SECTIONS = (
+    "A policy loss",
+    "An advantage estimator",
+    "A task and its grader",
+    "A rollout workflow",
+)
 
 
-class SignAdvantage(AdvantageEstimator):
-    """+1 above the group mean, −1 below, 0 at it."""
-
-    name = "test_sign"
-
-    def compute(self, rewards_by_group, eps):
-        out = []
-        for group in rewards_by_group:
-            mean = sum(group) / len(group)
-            out.append([float((r > mean) - (r < mean)) for r in group])
-        return out
+def doc_block(heading: str) -> str:
+    """The first python block under ``## heading`` of docs/extending.md, as written."""
+    section = DOC.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.fixture(autouse=True)
-def registered():
-    register_loss(VanillaPG)
-    register_advantage(SignAdvantage)
-    yield
-    LOSSES.pop(VanillaPG.name)
-    ADVANTAGES.pop(SignAdvantage.name)
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory) -> ModuleType:
+    """The doc's blocks in one user module outside the package, imported; the registries
+    are restored afterwards so other tests see only the built-in names."""
+    registries = (LOSSES, ADVANTAGES, TASKS, GRADERS, WORKFLOWS)
+    saved = [dict(r) for r in registries]
+    path = tmp_path_factory.mktemp("user") / "my_extensions.py"
+    path.write_text("\n\n".join(doc_block(h) for h in SECTIONS))
+    spec = importlib.util.spec_from_file_location("my_extensions", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["my_extensions"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("my_extensions", None)
+    for registry, before in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(before)
 
 
-def test_a_registered_loss_is_a_config_value_and_gets_its_gradient():
-    config = load_config(None, [f"algo.loss={VanillaPG.name}"])
-    assert config.algo.loss == VanillaPG.name
+def test_a_registered_loss_is_a_config_value_and_gets_its_gradient(doc):
+    config = load_config(None, ["algo.loss=vanilla_pg"])
+    assert config.algo.loss == "vanilla_pg"
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     adv = torch.tensor([[2.0, 2.0, 2.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    out = policy_loss(logp, logp.detach() - 0.3, adv, mask, LossConfig(loss=VanillaPG.name), 4.0)
+    out = policy_loss(logp, logp.detach() - 0.3, adv, mask, LossConfig(loss="vanilla_pg"), 4.0)
     out.loss.backward()
     # d/dlogp of Σ −A·logp / 4 over the two masked tokens; the padded one gets nothing
     assert torch.equal(logp.grad, torch.tensor([[-0.5, -0.5, 0.0]]))
     assert out.loss.item() == pytest.approx(-(2.0 * -1.0 + 2.0 * -2.0) / 4.0)
 
 
-def test_the_trainer_runs_a_registered_loss_without_a_proximal_pass(tiny_model_dir):
+def test_the_trainer_runs_a_registered_loss_without_a_proximal_pass(doc, tiny_model_dir):
     """REINFORCE and PPO have the same gradient where μ = π_θ (ratio 1, nothing clipped):
     the same step with each gives the same weights."""
     updated = []
-    for loss in (VanillaPG.name, "ppo"):
+    for loss in ("vanilla_pg", "ppo"):
         trainer = make_trainer(tiny_model_dir, f"algo.loss={loss}", "rollout.eta=0")
         groups = synthetic_groups(trainer, seed=1, lags=[0, 0])
         trajs = [t for g in groups for t in g]
@@ -106,10 +93,10 @@ def test_the_trainer_runs_a_registered_loss_without_a_proximal_pass(tiny_model_d
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
 
 
-def test_unknown_names_list_the_registered_ones():
-    with pytest.raises(RelayError, match=r"unknown loss 'nope'.*test_vanilla_pg"):
+def test_unknown_names_list_the_registered_ones(doc):
+    with pytest.raises(RelayError, match=r"unknown loss 'nope'.*vanilla_pg"):
         load_config(None, ["algo.loss=nope"])
-    with pytest.raises(RelayError, match=r"unknown advantage method 'nope'.*test_sign"):
+    with pytest.raises(RelayError, match=r"unknown advantage method 'nope'.*sign"):
         load_config(None, ["algo.advantage=nope"])
     with pytest.raises(ValueError, match="already registered"):
 
@@ -119,91 +106,59 @@ def test_unknown_names_list_the_registered_ones():
         register_loss(Impostor)
 
 
-def test_a_registered_advantage_is_what_the_controller_assigns():
-    assert load_config(None, [f"algo.advantage={SignAdvantage.name}"]).algo.advantage == (
-        SignAdvantage.name
-    )
+def test_a_registered_advantage_is_what_the_controller_assigns(doc):
+    assert load_config(None, ["algo.advantage=sign"]).algo.advantage == "sign"
     groups = [
         [Trajectory("p", "g0", j, [1], [2], [-0.1], [0], 0, reward=r) for j, r in enumerate(rs)]
         for rs in ([1.0, 0.0, 0.0], [0.5, 0.5])
     ]
-    assign_advantages(groups, SignAdvantage.name)
+    assign_advantages(groups, "sign")
     assert [[t.advantage for t in g] for g in groups] == [[1.0, -1.0, -1.0], [0.0, 0.0]]
 
 
-@dataclass
-class Parity(SyntheticTask):
-    """Is the number even? Problems name a grader registered below."""
-
-    name: str = "test_parity"
-
-    def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
-        n = rng.randrange(10**6)
-        answer = "even" if n % 2 == 0 else "odd"
-        return str(n), Problem(problem_id, f"Is {n} even or odd?", answer, "test_word")
-
-    def demonstration(self, problem: Problem, rng: random.Random, wrong: bool = False) -> str:
-        flip = {"even": "odd", "odd": "even"}
-        return f"#### {flip[problem.answer] if wrong else problem.answer}"
+def test_a_registered_task_and_grader_work_by_name(doc):
+    task = make_task("parity")
+    problems = task.problems("test", 20, seed=0)
+    rng = random.Random(0)
+    right = [grade_detail(p, task.demonstration(p, rng))[0] for p in problems]
+    wrong = [grade_detail(p, task.demonstration(p, rng, wrong=True))[0] for p in problems]
+    assert right == [1.0] * 20 and wrong == [0.0] * 20
+    assert {p.grader for p in problems} == {"word"}
+    assert load_config(None, ["task.name=parity"]).task.name == "parity"
 
 
-def _grade_word(problem: Problem, completion: str) -> tuple[float, dict]:
-    said = completion.rsplit("####", 1)[-1].strip()
-    return float(said == problem.answer), {"extracted": said}
-
-
-def test_a_registered_task_and_grader_work_by_name():
-    register_task(Parity)
-    register_grader("test_word")(_grade_word)
+def test_an_unregistered_grader_is_an_error_not_a_zero(doc):
+    problem = make_task("parity").problems("test", 1, seed=0)[0]
+    grader = GRADERS.pop("word")
     try:
-        task = make_task("test_parity")
-        problems = task.problems("test", 20, seed=0)
-        rng = random.Random(0)
-        right = [grade_detail(p, task.demonstration(p, rng))[0] for p in problems]
-        wrong = [grade_detail(p, task.demonstration(p, rng, wrong=True))[0] for p in problems]
-        assert right == [1.0] * 20 and wrong == [0.0] * 20
-        assert load_config(None, ["task.name=test_parity"]).task.name == "test_parity"
+        with pytest.raises(RelayError, match="unknown grader 'word'"):
+            grade_detail(problem, "#### even")
     finally:
-        TASKS.pop("test_parity")
-        GRADERS.pop("test_word")
-    with pytest.raises(RelayError, match="unknown grader 'test_word'"):
-        grade_detail(problems[0], "#### even")
+        GRADERS["word"] = grader
 
 
-class GreedyFirstWorkflow(RolloutWorkflow):
-    """Sample 0 of every group at temperature 0, the rest as asked; reward = 1 for an even
-    number of completion tokens."""
+def test_a_registered_workflow_runs_under_the_controller(doc):
+    """The doc's workflow, looked up by the config's name as the run does, samples the first
+    of each group greedily; the controller around it still grades and assigns advantages."""
+    config = load_config(None, ["rollout.workflow=greedy_first"])
+    options = ControllerOptions(
+        n_samples=3, prompts_per_step=2, eta=0, max_new_tokens=8, temperature=0.7
+    )
+    servers = FakeServers(random.Random(0))
+    seen = []
 
-    name = "test_greedy_first"
+    async def generate(ids, params, key):
+        seen.append(params.temperature)
+        return await servers.generate(ids, params, key)
 
-    async def run_group(self, request: GroupRequest, services: RolloutServices) -> list[Sample]:
-        sampling = [replace(request.sampling[0], temperature=0.0), *request.sampling[1:]]
-        gens = await services.generate_group(request.prompt_ids, sampling, request.key)
-        self.temperatures = [p.temperature for p in sampling]
-        samples = []
-        for j, gen in enumerate(gens):
-            grade = FakeReward(float(len(gen.output_ids) % 2 == 0))
-            samples.append(Sample(trajectory_of(request, j, gen, grade, {}), "", 0))
-        return samples
-
-
-def test_a_registered_workflow_runs_under_the_controller():
-    register_workflow(GreedyFirstWorkflow)
-    try:
-        config = load_config(None, [f"rollout.workflow={GreedyFirstWorkflow.name}"])
-        workflow = WORKFLOWS.lookup(config.rollout.workflow)()
-        options = ControllerOptions(
-            n_samples=3, prompts_per_step=2, eta=0, max_new_tokens=8, temperature=0.7
-        )
-        servers = FakeServers(random.Random(0))
-        ctrl = make_controller(servers, options, lambda p, t: FakeReward(0.0))
-        ctrl.workflow = workflow
-        batch = one_batch(ctrl)
-    finally:
-        WORKFLOWS.pop(GreedyFirstWorkflow.name)
-    assert workflow.temperatures == [0.0, 0.7, 0.7]
+    ctrl = make_controller(
+        servers, options, lambda p, t: FakeReward(float(len(t) % 2 == 0)), generate=generate
+    )
+    ctrl.workflow = WORKFLOWS.lookup(config.rollout.workflow)()
+    batch = one_batch(ctrl)
+    assert type(ctrl.workflow).__module__ == "my_extensions"
+    # one greedy sample per group, the rest at the configured temperature
+    assert len(seen) % 3 == 0 and seen.count(0.0) == len(seen) // 3
+    assert set(seen) == {0.0, 0.7}
     for group in batch:
-        rewards = [t.reward for t in group.trajectories]
-        assert rewards == [float(len(t.completion_ids) % 2 == 0) for t in group.trajectories]
-        # the controller still computes advantages over the batch
         assert sum(t.advantage for t in group.trajectories) == pytest.approx(0.0, abs=1e-6)
