@@ -19,6 +19,10 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tool_use.yaml"
 EVAL_PROBLEMS = 100
 
 
+# about 2 min on an idle 2-core CPU (SFT warm start + 40 RL steps + two evaluations), too long
+# for the 15-minute suite, whose episode tests (tests/rollout/test_episodes.py,
+# tests/train/test_resume_kill_episodes.py) cover the same code paths: `pytest -m benchmark`
+# runs this one
 @pytest.mark.benchmark
 def test_rl_over_tool_episodes_beats_the_sft_base(tmp_path):
     config = load_config(
