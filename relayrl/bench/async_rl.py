@@ -59,7 +59,9 @@ def sync_thread_candidates(requested: int | None) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short run (< 1 minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test (< 1 minute), not a measurement"
+    )
     parser.add_argument("--preset", default=None, help="model size preset (tiny quick, small)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per side")
     parser.add_argument("--model", default=None, help="an existing model directory")
@@ -247,5 +249,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"steady_overlap_limit={steady:.2f}")
     print(f"overlap_limit={limit:.2f}")
     print(f"fraction_of_limit={asyn['tokens_per_s'] / sync['tokens_per_s'] / limit:.2f}")
+    if args.quick:
+        print(
+            "note: --quick is a smoke test (tiny model, 6 steps): two consecutive runs on a "
+            "2-core machine have differed by 0.6; use the full run for figures"
+        )
     print(f"async_speedup={asyn['tokens_per_s'] / sync['tokens_per_s']:.2f}")
     return 0
