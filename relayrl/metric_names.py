@@ -34,6 +34,7 @@ ENGINE_TRAINER_KL = "engine_trainer_kl_k3"  # KL(μ ‖ π_prox) at staleness 0
 BEHAV_KL = "behav_kl_k3"  # KL(μ ‖ π_θ) of the loss's tokens (relayrl.algo.losses)
 DRIFT_KL = "drift_kl_k3"  # KL(π_v ‖ π_v+1) on the batch's tokens (train.drift_metrics)
 BEHAV_PROX_KL = "behav_prox_kl_k3"  # KL(μ ‖ π_v) on the batch's tokens (train.drift_metrics)
+CLIP_FRAC = "clip_frac"  # fraction of the loss's tokens whose ratio was clipped
 
 # ------------------------------------------------------------------ the loop (train/loop.py)
 STEP_TIME_S = "step_time_s"  # wall-clock seconds of the step, evaluation included
@@ -47,6 +48,9 @@ EVAL_VERSION = "eval_version"  # the weight version evaluated
 EVAL_PROBLEMS = "eval_problems"  # problems the evaluation graded
 TIME_EVAL_S = "time_eval_s"
 
-# ------------------------------------------------------------------ the live job (train/rl.py)
+# ------------------------------------------------------------------ the batch sources (train/run/)
+GEN_TOKENS_PER_S = "gen_tokens_per_s"  # tokens generated per second of the step
+TIME_SYNC_S = "time_sync_s"  # the trainer held for a weight publication
+LAG = "lag"  # lag emulation: the weight lag d of the step's batch
 PUBLISH_LATENCY_S = "publish_latency_s"
 SERVERS = "servers"  # the rollout servers per node as the watchdog saw them (a string)

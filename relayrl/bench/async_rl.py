@@ -17,7 +17,7 @@ synchronous side may give each every core: ``core_split_limit`` uses the one-thr
 times for the overlapped side, ``(T_gen + T_train) / max(T_gen,1, T_train,1)``. The last
 line is ``async_speedup=X.XX``.
 
-Imports: the config loader, model building and the RL job (``relayrl.train.rl``).
+Imports: the config loader, model building and the RL job (``relayrl.train.run``).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def core_split_limit(sync_best: dict[str, float], sync_one_thread: dict[str, flo
 
 def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> dict[str, Any]:
     from relayrl.config.loader import load_config
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     name = f"eta{eta}-threads{threads['trainer']}"
     config = load_config(None, _overrides(args, out, model_dir, eta, threads, name))

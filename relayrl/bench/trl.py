@@ -446,7 +446,7 @@ def base_lengths(model_dir: Path, s: Settings, out: Path) -> dict[str, float]:
 
 
 def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideResult:
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)

@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     interrupt_on_sigterm()
     if args.replay_from:
-        from relayrl.train.replay_dump import run_replay
+        from relayrl.train.run import run_replay
 
         result = run_replay(config, args.replay_from)
     else:
-        from relayrl.train.rl import run_train
+        from relayrl.train.run import run_train
 
         result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")

@@ -105,7 +105,7 @@ class RuntimeConfig(Section):
 
 
 # --------------------------------------------------------------------------- RL sections
-# Owned by `relayrl train` (relayrl/train/rl.py, relayrl/rollout/controller.py); see
+# Owned by `relayrl train` (relayrl/train/run/, relayrl/rollout/controller.py); see
 # docs/async.md for how they interact (admission bound, publication, thread budget).
 
 

@@ -64,6 +64,16 @@ def prefer_shape_agnostic_attention(device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def quiet_libraries() -> None:
+    """Turn transformers' and huggingface_hub's progress bars off for this process
+    ("Writing model shards" on every ``save_pretrained``, "Loading weights"): during a run
+    relayrl's dashboard is the display, and a weight publication or evaluation save would
+    print one bar each. Process-wide."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # huggingface_hub's bars too
+
+
 PLAIN_TEMPLATE = "{prompt}\n"
 
 

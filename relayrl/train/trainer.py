@@ -67,7 +67,6 @@ from relayrl.metric_names import (
     TIME_UPDATE_S,
     TRAIN_TOKENS,
 )
-from relayrl.models.loading import prefer_shape_agnostic_attention
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
@@ -184,7 +183,6 @@ class RLTrainer:
 
     def __init__(self, model: torch.nn.Module, options: TrainerOptions, pad_id: int) -> None:
         self.model = model.train()
-        prefer_shape_agnostic_attention(next(model.parameters()).device)
         self.options = options
         self.pad_id = pad_id
         self.eta = options.eta
