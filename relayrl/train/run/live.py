@@ -113,11 +113,7 @@ class LiveSource:
         publication over them (published weights go under ``weights``)."""
         cfg = setup.config
         client = backend.client(urls, timeout=3600.0)
-        publisher = make_publisher(
-            cfg.train.weight_transport,
-            cfg.train.broadcast_timeout_s,
-            cfg.train.broadcast_snapshot_every,
-        )
+        publisher = make_publisher(cfg.train)
         try:
             await backend.check_servers(client)
         except RolloutServerError:
