@@ -36,6 +36,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
@@ -142,6 +143,15 @@ class ControllerOptions:
         )
 
 
+class GroupStatus(StrEnum):
+    """Where an admitted group is: generating and grading, complete (waits to be trained in
+    admission order) or rejected (filtered, or a failure; its slot is given back)."""
+
+    RUNNING = "running"
+    READY = "ready"
+    REJECTED = "rejected"
+
+
 @dataclass
 class Group:
     """The n samples of one prompt; ``index`` is the admission rank (trained in this order)."""
@@ -154,7 +164,7 @@ class Group:
     admitted_at: float
     trajectories: list[Trajectory] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    status: str = "running"  # running | ready | rejected
+    status: GroupStatus = GroupStatus.RUNNING
 
     @property
     def key(self) -> str:
@@ -251,7 +261,7 @@ class RolloutController:
 
     @property
     def ready_groups(self) -> int:
-        return sum(1 for g in self._pending if g.status == "ready")
+        return sum(1 for g in self._pending if g.status is GroupStatus.READY)
 
     def capacity(self) -> int:
         return admission_capacity(self.published_version, self.opt.eta, self.opt.prompts_per_step)
@@ -406,14 +416,14 @@ class RolloutController:
             self.counters["accepted_uniform_groups"] += 1  # past the cap: it fills the batch
         else:
             self._filtered_in_row = 0
-        group.status = "ready"
+        group.status = GroupStatus.READY
         del self._running[group.index]
         self.accepted += 1
         self.counters["accepted_groups"] += 1
         self._notify()
 
     def _reject(self, group: Group, why: str) -> None:
-        group.status = "rejected"
+        group.status = GroupStatus.REJECTED
         self._running.pop(group.index, None)
         self._pending.remove(group)
         self.counters[f"rejected_{why}"] += 1
@@ -424,7 +434,7 @@ class RolloutController:
         b = self.opt.prompts_per_step
         if len(self._pending) < b:
             return False
-        return all(self._pending[i].status == "ready" for i in range(b))
+        return all(self._pending[i].status is GroupStatus.READY for i in range(b))
 
     async def next_batch(self) -> list[Group]:
         """The next B groups in admission order, once all of them are complete, with the
@@ -488,9 +498,9 @@ class RolloutController:
                 "prompt_index": g.prompt_index,
                 "prompt_id": g.problem.id,
                 "submit_version": g.submit_version,
-                "status": g.status,
+                "status": g.status.value,
             }
-            if g.status == "ready":
+            if g.status is GroupStatus.READY:
                 entry["trajectories"] = [t.to_dict() for t in g.trajectories]
                 entry["texts"] = list(g.texts)
             pending.append(entry)
@@ -523,7 +533,7 @@ class RolloutController:
         for entry in state["pending"]:
             group = self._restore_group(entry)
             self._pending.append(group)
-            if group.status == "running":
+            if group.status is GroupStatus.RUNNING:
                 self._running[group.index] = group
 
     def _restore_group(self, entry: dict[str, Any]) -> Group:
@@ -541,9 +551,9 @@ class RolloutController:
             prompt_ids=self._encode(problem),
             submit_version=int(entry["submit_version"]),
             admitted_at=time.perf_counter(),
-            status=entry["status"],
+            status=GroupStatus(entry["status"]),
         )
-        if group.status == "ready":
+        if group.status is GroupStatus.READY:
             group.trajectories = [Trajectory.from_dict(t) for t in entry["trajectories"]]
             group.texts = list(entry["texts"])
             self._check_restored_staleness(group)

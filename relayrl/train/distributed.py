@@ -12,9 +12,10 @@ rollout servers, metrics, checkpoints' manifest and weight publication, and runs
 share of every step. Ranks 1..N−1 are worker processes (``relayrl.train.distributed``,
 started by rank 0 with one line per rank in ``<run>/trainer-rank<r>.log``, or by
 ``torchrun``) that only train. Each trainer call of the loop is a command that rank 0
-broadcasts (``broadcast_object_list`` on a gloo group: the name and the arguments, e.g. the
-step's groups of trajectories) before running it itself, so every rank runs the same
-``ShardedRLTrainer`` method on the same inputs, and nothing else of the loop changes.
+broadcasts (``broadcast_object_list`` on a gloo group: a :class:`RankCall`, the
+:class:`RankCommand` and its arguments, e.g. the step's groups of trajectories) before
+running it itself, so every rank runs the same ``ShardedRLTrainer`` method on the same
+inputs, and nothing else of the loop changes.
 
 Failure: a collective that fails on rank 0 (a rank died: gloo reports the closed connection)
 is turned into one error naming the dead rank and how it ended; rank 0 then stops the job and
@@ -36,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +52,47 @@ WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main
 PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
 BACKEND_ENV = "RELAYRL_TRAINER_BACKEND"
 TIMEOUT_ENV = "RELAYRL_DIST_TIMEOUT_S"
-COMMANDS = frozenset(
-    {"train_step", "save_weights", "full_state_dict", "save_shards", "restore_checkpoint"}
-)
-STOP = "stop"
+
+
+class RankCommand(Enum):
+    """What rank 0 tells every rank to run (each a ``ShardedRLTrainer`` method, but
+    :data:`STOP`, which ends a worker)."""
+
+    TRAIN_STEP = "train_step"
+    SAVE_WEIGHTS = "save_weights"
+    FULL_STATE_DICT = "full_state_dict"
+    SAVE_SHARDS = "save_shards"
+    RESTORE_CHECKPOINT = "restore_checkpoint"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RankCall:
+    """One command and its arguments, as rank 0 broadcasts it."""
+
+    command: RankCommand
+    args: tuple[Any, ...] = ()
+
+
+STOP = RankCall(RankCommand.STOP)
+
+
+def run_call(trainer: Any, call: RankCall) -> Any:
+    """Run ``call`` on this rank's ``trainer`` (a ``ShardedRLTrainer``)."""
+    match call.command:
+        case RankCommand.TRAIN_STEP:
+            return trainer.train_step(*call.args)
+        case RankCommand.SAVE_WEIGHTS:
+            return trainer.save_weights(*call.args)
+        case RankCommand.FULL_STATE_DICT:
+            return trainer.full_state_dict(*call.args)
+        case RankCommand.SAVE_SHARDS:
+            return trainer.save_shards(*call.args)
+        case RankCommand.RESTORE_CHECKPOINT:
+            return trainer.restore_checkpoint(*call.args)
+    raise RuntimeError(f"not a trainer command: {call.command}")
+
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -135,7 +175,7 @@ def _control_group(backend: str):
     return dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
 
 
-def _receive(group) -> tuple[str, tuple]:
+def _receive(group) -> Any:
     message: list[Any] = [None]
     dist.broadcast_object_list(message, src=0, group=group)
     return message[0]
@@ -286,12 +326,12 @@ class TrainerGroup:
     def world_size(self) -> int:
         return self.local.world_size
 
-    def _all(self, name: str, *args: Any) -> Any:
-        """Run ``local.<name>(*args)`` on every rank."""
-        assert name in COMMANDS, name
+    def _all(self, command: RankCommand, *args: Any) -> Any:
+        """Run ``command`` with ``args`` on every rank."""
+        call = RankCall(command, args)
         try:
-            dist.broadcast_object_list([(name, args)], src=0, group=self.control)
-            return getattr(self.local, name)(*args)
+            dist.broadcast_object_list([call], src=0, group=self.control)
+            return run_call(self.local, call)
         except RuntimeError as exc:  # torch.distributed errors are RuntimeErrors
             failure = self.workers.failure()
             if failure is not None:
@@ -300,16 +340,16 @@ class TrainerGroup:
             raise
 
     def train_step(self, groups) -> dict[str, float]:
-        return self._all("train_step", groups)
+        return self._all(RankCommand.TRAIN_STEP, groups)
 
     def save_weights(self, directory: Path) -> Path:
-        return self._all("save_weights", directory)
+        return self._all(RankCommand.SAVE_WEIGHTS, directory)
 
     def save_shards(self, directory: Path) -> None:
-        self._all("save_shards", directory)
+        self._all(RankCommand.SAVE_SHARDS, directory)
 
     def restore_checkpoint(self, model_dir: Path, shards: Path | None, state: dict) -> None:
-        self._all("restore_checkpoint", model_dir, shards, state)
+        self._all(RankCommand.RESTORE_CHECKPOINT, model_dir, shards, state)
         self._replica_version = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -318,7 +358,7 @@ class TrainerGroup:
     @property
     def model(self) -> torch.nn.Module:
         if not self._closed and self._replica_version != self.version:
-            state = self._all("full_state_dict")
+            state = self._all(RankCommand.FULL_STATE_DICT)
             self.replica.load_state_dict(state)
             self._replica_version = self.version
         return self.replica
@@ -328,7 +368,7 @@ class TrainerGroup:
         if not self._closed:
             self._closed = True
             try:
-                dist.broadcast_object_list([(STOP, ())], src=0, group=self.control)
+                dist.broadcast_object_list([STOP], src=0, group=self.control)
             except RuntimeError:
                 pass  # a worker is gone already
         if dist.is_initialized():
@@ -431,12 +471,12 @@ def worker_main() -> None:
             flush=True,
         )
         while True:
-            name, args = _receive(control)
-            if name == STOP:
+            call = _receive(control)
+            if not isinstance(call, RankCall):
+                raise RuntimeError(f"not a trainer command: {call!r}")
+            if call.command is RankCommand.STOP:
                 break
-            if name not in COMMANDS:
-                raise RuntimeError(f"unknown trainer command {name!r}")
-            getattr(trainer, name)(*args)
+            run_call(trainer, call)
     except Exception as exc:  # noqa: BLE001 - the log says why; rank 0 names the rank
         import traceback
 

@@ -51,7 +51,6 @@ import torch
 from relayrl.algo.losses import (
     engine_trainer_kl,
     entropy_from_logits,
-    loss_class,
     loss_normalizer,
     policy_drift,
     policy_loss,
@@ -399,7 +398,7 @@ class RLTrainer:
         return len(parts) == 1 and self.replay is None and self.world_size == 1
 
     def _needs_prox(self) -> bool:
-        return loss_class(self.loss_cfg.loss).needs_prox
+        return self.loss_cfg.objective.needs_prox
 
     def _fuses_prox(self, parts: list[list[int]]) -> bool:
         """Whether π_prox comes from the update's own forward pass instead of a no-grad pass.
