@@ -1,4 +1,5 @@
-"""Names of the columns of a run's ``metrics.jsonl`` that more than one module writes or reads.
+"""Names of the columns of a run's ``metrics.jsonl`` (and keys of its ``train_summary.json``)
+that more than one module writes or reads.
 
 Owns: one constant per shared column. The trainer, the training loop and the run logger
 write these keys; the dashboard, ``relayrl report``, the benchmarks and the experiments read
@@ -53,4 +54,11 @@ GEN_TOKENS_PER_S = "gen_tokens_per_s"  # tokens generated per second of the step
 TIME_SYNC_S = "time_sync_s"  # the trainer held for a weight publication
 LAG = "lag"  # lag emulation: the weight lag d of the step's batch
 PUBLISH_LATENCY_S = "publish_latency_s"
+
+# ------------------------------------------------------------------ the run's summary (train_summary.json)
+# keys of TrainResult.summary that the run writes (relayrl.train.run) and the CLI prints
+ROLLOUT_ENGINE = "rollout_engine"  # the backend that generated the rollouts
+PUBLICATIONS = "publications"  # weight publications over the run
+PUBLISH_LATENCY_MEAN_S = "publish_latency_mean_s"
+WEIGHT_TRANSPORT = "weight_transport"
 SERVERS = "servers"  # the rollout servers per node as the watchdog saw them (a string)

@@ -35,6 +35,7 @@ from relayrl.metric_names import (
     PUBLISH_LATENCY_S,
     STALENESS_MEAN,
     TIME_PROX_S,
+    TIME_SYNC_S,
     TIME_UPDATE_S,
     TIME_WAIT_S,
     TRAIN_TOKENS,
@@ -130,7 +131,7 @@ def measure(run_dir: Path) -> dict[str, float]:
     seconds = steps[-1][ELAPSED_S]
     n = len(steps)
     train = sum(r[TIME_PROX_S] + r[TIME_UPDATE_S] for r in steps) / n
-    sync = sum(r["time_sync_s"] for r in steps) / n
+    sync = sum(r[TIME_SYNC_S] for r in steps) / n
     wait = sum(r[TIME_WAIT_S] for r in steps) / n
     # the first step also waits for the servers' warm-up; count steps 2.. for stage times
     later = steps[1:] or steps

@@ -44,7 +44,7 @@ from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
 from relayrl.rollout.prompts import PromptLoader
-from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
 from relayrl.rollout.workflow import (
     EpisodeWorkflow,
     GenerateFn,
@@ -121,26 +121,6 @@ class ControllerOptions:
                 "algo.dynamic_sampling needs rollout.n_samples >= 2 (a group of one sample "
                 "always has equal rewards and would always be dropped)"
             )
-
-    @classmethod
-    def from_config(cls, config: Any) -> ControllerOptions:
-        r, a = config.rollout, config.algo
-        return cls(
-            n_samples=r.n_samples,
-            prompts_per_step=r.prompts_per_step,
-            eta=r.eta,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
-            max_context=config.model.max_context,
-            advantage=a.advantage,
-            dynamic_sampling=a.dynamic_sampling,
-            max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
-            overlong_buffer=a.overlong_buffer,
-            overlong_penalty=a.overlong_penalty,
-            seed=config.seed,
-        )
 
 
 class GroupStatus(StrEnum):
@@ -561,13 +541,15 @@ class RolloutController:
 
     def _check_restored_staleness(self, group: Group) -> None:
         version = self.consumed_version
-        worst = max(t.staleness(version) for t in group.trajectories)
-        if worst > self.opt.eta:
+        try:
+            check_staleness(group.trajectories, version, self.opt.eta)
+        except StalenessError as exc:
+            worst = exc.worst
             raise RelayError(
                 f"checkpoint holds group {group.key} (prompt {group.problem.id!r}) of staleness "
                 f"{worst} at trainer version {version}, above rollout.eta={self.opt.eta}: it "
                 f"must not be trained; resume with rollout.eta >= {worst}"
-            )
+            ) from None
 
     def restored_counts(self) -> tuple[int, int]:
         """(complete, in-flight) groups waiting to be trained, e.g. right after a restore."""

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.worker_ranks import (
@@ -111,7 +112,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_trainer_ranks(config: Any) -> None:
+def check_trainer_ranks(config: RunConfig) -> None:
     """Raise a RelayError naming the key when ``train.world_size`` cannot run here."""
     t = config.train
     if t.world_size == 1:
@@ -154,7 +155,7 @@ def check_trainer_ranks(config: Any) -> None:
 
 
 # --------------------------------------------------------------------------- process group
-def _device_for(config: Any, backend: str, local_rank: int) -> str:
+def _device_for(config: RunConfig, backend: str, local_rank: int) -> str:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"
@@ -173,7 +174,7 @@ def _receive(group) -> Any:
     return message[0]
 
 
-def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: str):
+def _build_rank(config: RunConfig, model_dir: str, pad_id: int, device: str, backend: str):
     from relayrl.models.loading import load_model
     from relayrl.train.fsdp import ShardedRLTrainer
 
@@ -185,7 +186,7 @@ def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: 
     )
 
 
-def _init_rank0(config: Any, backend: str, workers: WorkerRanks, port: int | None) -> None:
+def _init_rank0(config: RunConfig, backend: str, workers: WorkerRanks, port: int | None) -> None:
     """``init_process_group`` on rank 0, failing fast (naming the rank) if a worker dies
     before joining instead of waiting ``train.dist_timeout_s``."""
     timeout = datetime.timedelta(seconds=config.train.dist_timeout_s)
@@ -290,7 +291,9 @@ class TrainerGroup:
         self.workers.stop()
 
 
-def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Path, log_dir: Path):
+def make_trainer(
+    model: torch.nn.Module, config: RunConfig, pad_id: int, model_dir: Path, log_dir: Path
+):
     """The trainer of a run: ``RLTrainer`` at world size 1 (as always), else the ranks
     started here (or by torchrun) with rank 0 in this process, as a :class:`TrainerGroup`."""
     from relayrl.train.trainer import RLTrainer
@@ -329,7 +332,7 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
 
 
 # --------------------------------------------------------------------------- ranks ≥ 1
-def run_torchrun_worker(config: Any) -> bool:
+def run_torchrun_worker(config: RunConfig) -> bool:
     """Under torchrun, ranks 1..N−1 of `relayrl train` become trainer workers here (and
     return True when done); rank 0 and plain runs get False and run the job."""
     rank = torchrun_rank()

@@ -38,7 +38,7 @@ from typing import Any
 from relayrl.engine.engine import Engine
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.launch.backends import RolloutBackend
-from relayrl.metric_names import GEN_TOKENS_PER_S, LAG
+from relayrl.metric_names import GEN_TOKENS_PER_S, LAG, ROLLOUT_ENGINE
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.run.rollout import RolloutSide
@@ -124,7 +124,7 @@ class LaggedSource:
             self.engine.shutdown()
         summary = {
             **self.rollout.summary(),
-            "rollout_engine": "builtin (in process, lag emulation)",
+            ROLLOUT_ENGINE: "builtin (in process, lag emulation)",
             "lag": self.setup.config.rollout.lag,
         }
         return self.setup.result(final, time.perf_counter() - start, summary)

@@ -34,9 +34,15 @@ from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend
 from relayrl.launch.publish import make_publisher
-from relayrl.launch.servers import ServerLauncher
+from relayrl.launch.servers import ExternalServers, ServerLauncher
 from relayrl.launch.supervisor import ServerSupervisor
-from relayrl.metric_names import GEN_TOKENS_PER_S, PUBLISH_LATENCY_S, SERVERS, TIME_SYNC_S
+from relayrl.metric_names import (
+    GEN_TOKENS_PER_S,
+    PUBLISH_LATENCY_S,
+    ROLLOUT_ENGINE,
+    SERVERS,
+    TIME_SYNC_S,
+)
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.base import Problem
@@ -79,7 +85,7 @@ class LiveSource:
     def __init__(
         self,
         setup: RunSetup,
-        launcher: Any,
+        launcher: ServerLauncher | ExternalServers,
         client: RolloutClient,
         supervisor: ServerSupervisor,
         rollout: RolloutSide,
@@ -104,7 +110,7 @@ class LiveSource:
         cls,
         setup: RunSetup,
         pool: GradingPool,
-        launcher: ServerLauncher | Any,
+        launcher: ServerLauncher | ExternalServers,
         backend: RolloutBackend,
         urls: list[str],
         weights: Path,
@@ -172,7 +178,7 @@ class LiveSource:
             await self.client.close()
         summary = {
             **self.rollout.summary(),
-            "rollout_engine": cfg.rollout.engine,
+            ROLLOUT_ENGINE: cfg.rollout.engine,
             **self.publication.summary(),
             **self.supervisor.stats(),  # the run's restarts, the final evaluation's included
         }

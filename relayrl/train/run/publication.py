@@ -22,6 +22,7 @@ from pathlib import Path
 from relayrl.config.schema import RunConfig
 from relayrl.launch.publish import Snapshot, WeightPublisher
 from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.metric_names import PUBLICATIONS, PUBLISH_LATENCY_MEAN_S, WEIGHT_TRANSPORT
 from relayrl.rollout.controller import RolloutController
 from relayrl.train.distributed import TrainerGroup
 from relayrl.train.resume import remove_orphaned_dirs
@@ -153,9 +154,9 @@ class Publication:
     def summary(self) -> dict[str, float | str]:
         """The run's publication figures: count, mean latency, the transport's own."""
         return {
-            "publications": self.count,
-            "publish_latency_mean_s": self.total_s / max(self.count, 1),
-            "weight_transport": self.publisher.name,
+            PUBLICATIONS: self.count,
+            PUBLISH_LATENCY_MEAN_S: self.total_s / max(self.count, 1),
+            WEIGHT_TRANSPORT: self.publisher.name,
             **self.publisher.stats(),
         }
 

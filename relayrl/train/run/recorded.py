@@ -32,7 +32,8 @@ from typing import Any
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.report.logs import numbered_jsonl, read_jsonl
-from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.trajectory import StalenessError, Trajectory
+from relayrl.rollout.trajectory import check_staleness as check_bound
 from relayrl.train.loggers import check_loggers
 from relayrl.train.run.process import process_settings
 from relayrl.train.run.setup import RunSetup, TrainResult, with_progress
@@ -99,13 +100,14 @@ def load_recorded_steps(run_dir: str | Path) -> list[RecordedStep]:
 def check_staleness(steps: list[RecordedStep], eta: int) -> None:
     """Every recorded sample must be within ``rollout.eta`` of the step that trains it."""
     for rec in steps:
-        worst = max(t.staleness(rec.step) for t in rec.trajectories)
-        if worst > eta:
+        try:
+            check_bound(rec.trajectories, rec.step, eta)
+        except StalenessError as exc:
             raise RelayError(
-                f"recorded step {rec.step + 1} trains a sample of staleness {worst}, above "
-                f"rollout.eta={eta}: replay with rollout.eta={worst} or more (the recorded "
+                f"recorded step {rec.step + 1} trains a sample of staleness {exc.worst}, above "
+                f"rollout.eta={eta}: replay with rollout.eta={exc.worst} or more (the recorded "
                 "run's value)"
-            )
+            ) from None
 
 
 def replay_config(config: RunConfig, source: Path) -> RunConfig:
