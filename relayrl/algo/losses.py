@@ -450,6 +450,10 @@ def policy_loss(
     multi-behaviour coefficient ``α_k/N_k`` (then ``normalizer=1``).
     ``entropy`` is optional, for stats only: token entropies of ``mask``'s shape, or logits
     with an extra vocabulary dimension.
+
+    Why over 80 lines: the checks of the inputs, then one pass that every objective shares
+    (KL, coefficients, masking, the normaliser, the statistics), in the order the maths
+    applies them; split, each part would take and return most of the same tensors.
     """
     shape = mask.shape
     for name, t in (
