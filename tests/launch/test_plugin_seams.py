@@ -5,6 +5,7 @@ through the backend's client and publishes through the transport."""
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from relayrl.errors import RelayError
-from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
+from relayrl.launch.publish import DiskPublisher
+from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS, Registry
 from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
 
@@ -68,3 +70,20 @@ def test_a_run_generates_and_publishes_through_the_plugins(plugin, tmp_path, tin
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["weight_transport"] == "logged_disk" == result.summary["weight_transport"]
     assert summary["rollout_engine"] == "counting"
+
+
+def test_a_registry_entry_named_by_path_loads_on_lookup_and_yields_to_its_class():
+    """Built-in backends and transports are named by import path, so the config can check
+    names without importing relayrl.launch; the first lookup imports the class, and the
+    module registering the class itself is no clash."""
+    registry: Registry[object] = Registry("thing")
+    registry.add_path("ordered", "collections:OrderedDict")
+    assert registry.check("ordered") == "ordered"
+    assert registry.lookup("ordered") is collections.OrderedDict
+    registry.add_path("later", "relayrl.launch.publish:DiskPublisher")
+    registry.add("later", DiskPublisher)  # what @register_transport does on import: no clash
+    assert registry["later"] is DiskPublisher
+    with pytest.raises(ValueError, match="did you mean 'ordered'"):
+        registry.check("orderd")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add("ordered", dict)
