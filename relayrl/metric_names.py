@@ -1,4 +1,5 @@
-"""Names of the columns of a run's ``metrics.jsonl`` that more than one module writes or reads.
+"""Names of the columns of a run's ``metrics.jsonl`` (and keys of its ``train_summary.json``)
+that more than one module writes or reads.
 
 Owns: one constant per shared column. The trainer, the training loop and the run logger
 write these keys; the dashboard, ``relayrl report``, the benchmarks and the experiments read
@@ -34,6 +35,7 @@ ENGINE_TRAINER_KL = "engine_trainer_kl_k3"  # KL(μ ‖ π_prox) at staleness 0
 BEHAV_KL = "behav_kl_k3"  # KL(μ ‖ π_θ) of the loss's tokens (relayrl.algo.losses)
 DRIFT_KL = "drift_kl_k3"  # KL(π_v ‖ π_v+1) on the batch's tokens (train.drift_metrics)
 BEHAV_PROX_KL = "behav_prox_kl_k3"  # KL(μ ‖ π_v) on the batch's tokens (train.drift_metrics)
+CLIP_FRAC = "clip_frac"  # fraction of the loss's tokens whose ratio was clipped
 
 # ------------------------------------------------------------------ the loop (train/loop.py)
 STEP_TIME_S = "step_time_s"  # wall-clock seconds of the step, evaluation included
@@ -47,6 +49,16 @@ EVAL_VERSION = "eval_version"  # the weight version evaluated
 EVAL_PROBLEMS = "eval_problems"  # problems the evaluation graded
 TIME_EVAL_S = "time_eval_s"
 
-# ------------------------------------------------------------------ the live job (train/rl.py)
+# ------------------------------------------------------------------ the batch sources (train/run/)
+GEN_TOKENS_PER_S = "gen_tokens_per_s"  # tokens generated per second of the step
+TIME_SYNC_S = "time_sync_s"  # the trainer held for a weight publication
+LAG = "lag"  # lag emulation: the weight lag d of the step's batch
 PUBLISH_LATENCY_S = "publish_latency_s"
+
+# ------------------------------------------------------------------ the run's summary (train_summary.json)
+# keys of TrainResult.summary that the run writes (relayrl.train.run) and the CLI prints
+ROLLOUT_ENGINE = "rollout_engine"  # the backend that generated the rollouts
+PUBLICATIONS = "publications"  # weight publications over the run
+PUBLISH_LATENCY_MEAN_S = "publish_latency_mean_s"
+WEIGHT_TRANSPORT = "weight_transport"
 SERVERS = "servers"  # the rollout servers per node as the watchdog saw them (a string)

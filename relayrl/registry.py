@@ -1,5 +1,13 @@
 """Name → implementation tables behind the extension seams (losses, advantage estimators,
-tasks, graders): one lookup with a helpful error, one registration rule.
+tasks, graders, workflows, rollout backends, weight transports): one lookup with a helpful
+error, one registration rule.
+
+Owns: :class:`Registry`, and the two registries whose implementations live above the config
+layer, :data:`ROLLOUT_BACKENDS` (``rollout.engine``, filled by ``relayrl.launch.backends``)
+and :data:`WEIGHT_TRANSPORTS` (``train.weight_transport``, ``relayrl.launch.publish``). The
+config validates names against them without importing those layers: their built-in entries
+are named here by import path (``"module:Class"``) and loaded on first lookup; a plugin's
+class, registered before the config is loaded, is found like a built-in one.
 
 Imports: the standard library only (every layer may use it).
 """
@@ -7,9 +15,18 @@ Imports: the standard library only (every layer may use it).
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+class _Path(str):
+    """An entry registered by import path, ``"package.module:Name"``, loaded on lookup."""
+
+    def load(self) -> Any:
+        module, _, attr = self.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 class Registry(dict[str, T], Generic[T]):
@@ -25,6 +42,8 @@ class Registry(dict[str, T], Generic[T]):
         if not name:
             raise ValueError(f"a {self.kind} needs a non-empty name")
         existing = self.get(name)
+        if isinstance(existing, _Path) and existing == _path_of(item):
+            existing = None  # the module named by path registers the item itself
         if existing is not None and existing is not item:
             raise ValueError(f"a {self.kind} named {name!r} is already registered ({existing!r})")
         self[name] = item
@@ -39,10 +58,42 @@ class Registry(dict[str, T], Generic[T]):
             raise ValueError(f"{cls.__name__} needs a class attribute 'name'")
         return self.add(name, cls)
 
-    def lookup(self, name: str) -> T:
-        """The item called ``name``; a ``ValueError`` suggests a close name and lists all."""
+    def add_path(self, name: str, path: str) -> None:
+        """Register the item at import ``path`` (``"package.module:Name"``) as ``name``
+        without importing it: :meth:`lookup` imports it. That module registering the item
+        itself replaces the path."""
+        if ":" not in path:
+            raise ValueError(f"a {self.kind} path is 'package.module:Name', got {path!r}")
+        self.add(name, _Path(path))  # type: ignore[arg-type]
+
+    def check(self, name: str) -> str:
+        """``name`` if it is registered (nothing is imported); else the :meth:`lookup` error."""
         if name in self:
-            return self[name]
+            return name
         close = difflib.get_close_matches(name, list(self), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown {self.kind} {name!r}{hint}; expected one of {sorted(self)}")
+
+    def lookup(self, name: str) -> T:
+        """The item called ``name``; a ``ValueError`` suggests a close name and lists all."""
+        item = self[self.check(name)]
+        if isinstance(item, _Path):
+            item = item.load()  # its module registers it on import, replacing the path
+            self[name] = item
+        return item
+
+
+def _path_of(item: Any) -> str:
+    return f"{getattr(item, '__module__', '')}:{getattr(item, '__qualname__', '')}"
+
+
+# ------------------------------------------------------------------ seams above the config layer
+# rollout.engine: a relayrl.launch.backends.RolloutBackend subclass (``register_backend``)
+ROLLOUT_BACKENDS: Registry[Any] = Registry("rollout backend")
+ROLLOUT_BACKENDS.add_path("builtin", "relayrl.launch.backends:BuiltinBackend")
+ROLLOUT_BACKENDS.add_path("vllm", "relayrl.launch.backends:VLLMBackend")
+
+# train.weight_transport: a relayrl.launch.publish.WeightPublisher subclass (``register_transport``)
+WEIGHT_TRANSPORTS: Registry[Any] = Registry("weight transport")
+WEIGHT_TRANSPORTS.add_path("disk", "relayrl.launch.publish:DiskPublisher")
+WEIGHT_TRANSPORTS.add_path("broadcast", "relayrl.launch.publish:BroadcastPublisher")

@@ -17,7 +17,7 @@ synchronous side may give each every core: ``core_split_limit`` uses the one-thr
 times for the overlapped side, ``(T_gen + T_train) / max(T_gen,1, T_train,1)``. The last
 line is ``async_speedup=X.XX``.
 
-Imports: the config loader, model building and the RL job (``relayrl.train.rl``).
+Imports: the config loader, model building and the RL job (``relayrl.train.run``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from relayrl.metric_names import (
     PUBLISH_LATENCY_S,
     STALENESS_MEAN,
     TIME_PROX_S,
+    TIME_SYNC_S,
     TIME_UPDATE_S,
     TIME_WAIT_S,
     TRAIN_TOKENS,
@@ -132,7 +133,7 @@ def measure(run_dir: Path) -> dict[str, float]:
     seconds = steps[-1][ELAPSED_S]
     n = len(steps)
     train = sum(r[TIME_PROX_S] + r[TIME_UPDATE_S] for r in steps) / n
-    sync = sum(r["time_sync_s"] for r in steps) / n
+    sync = sum(r[TIME_SYNC_S] for r in steps) / n
     wait = sum(r[TIME_WAIT_S] for r in steps) / n
     # the first step also waits for the servers' warm-up; count steps 2.. for stage times
     later = steps[1:] or steps
@@ -177,7 +178,7 @@ def core_split_limit(sync_best: dict[str, float], sync_one_thread: dict[str, flo
 
 def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) -> dict[str, Any]:
     from relayrl.config.loader import load_config
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     name = f"eta{eta}-threads{threads['trainer']}"
     config = load_config(None, _overrides(args, out, model_dir, eta, threads, name))

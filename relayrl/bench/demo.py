@@ -103,7 +103,7 @@ def seed_overrides(args: argparse.Namespace, seed: int, out: Path) -> list[str]:
 
 def run_seed(args: argparse.Namespace, seed: int, out: Path) -> SeedResult:
     from relayrl.config.loader import load_config
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     config = load_config(None, seed_overrides(args, seed, out))
     start = time.perf_counter()

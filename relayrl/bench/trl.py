@@ -446,7 +446,7 @@ def base_lengths(model_dir: Path, s: Settings, out: Path) -> dict[str, float]:
 
 
 def _relayrl_side(s: Settings, out: Path, model_dir: Path, side: str) -> SideResult:
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     config = run_config(s, out, model_dir, side)
     result = run_train(config, progress=False)
@@ -476,6 +476,12 @@ def relayrl_curve(side: str, rows: list[dict[str, Any]], samples_per_step: int) 
 
 
 def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
+    """TRL's side of the comparison: its GRPOTrainer on the same task, model, prompts,
+    sampling and evaluation as relayrl's sides (``DIFFERENCES`` lists what differs).
+
+    Why over 80 lines: it sets every "matched" TRL setting the headline figure depends on,
+    with its callbacks over the same locals (tokenizer, held-out split, clock); one place
+    to read them all side by side with ``run_config``'s."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -880,16 +886,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"written: {out / 'trl_bench.csv'}, {out / 'trl_bench.json'}")
     print(f"plot: {png}")
     if final is not None:
-        if final[1]:
-            print(f"note: relayrl_vs_trl_time_to_target is a bound ({final[1]}): {final[2]}")
-        print(f"seeds: {','.join(map(str, seeds))}")
-        print(
-            "relayrl_vs_trl_time_to_target is the ratio of means over the seeds: TRL's mean "
-            "time to target / relayrl async's"
-        )
-        if not target.improved:
-            print("note: some run never beat the base model: this ratio measures nothing")
-        if args.quick:
-            print(SMOKE)
-        print(f"relayrl_vs_trl_time_to_target={final[0]:.2f}")
+        _print_headline(final, seeds, target.improved, bool(args.quick))
     return 0
+
+
+def _print_headline(
+    final: tuple[float, str, str], seeds: list[int], improved: bool, quick: bool
+) -> None:
+    """The closing lines: relayrl async's time to target against TRL's, last."""
+    ratio, bound, note = final
+    if bound:
+        print(f"note: relayrl_vs_trl_time_to_target is a bound ({bound}): {note}")
+    print(f"seeds: {','.join(map(str, seeds))}")
+    print(
+        "relayrl_vs_trl_time_to_target is the ratio of means over the seeds: TRL's mean "
+        "time to target / relayrl async's"
+    )
+    if not improved:
+        print("note: some run never beat the base model: this ratio measures nothing")
+    if quick:
+        print(SMOKE)
+    print(f"relayrl_vs_trl_time_to_target={ratio:.2f}")

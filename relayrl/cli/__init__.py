@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from relayrl.models.loading import quiet_libraries
+
+    quiet_libraries()  # relayrl prints its own progress: no library bars in any command
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)

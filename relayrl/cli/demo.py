@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_run_config(args)
     train.interrupt_on_sigterm()
     from relayrl.report.build import build_report
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     result = run_train(config)
     report = build_report(result.run_dir)

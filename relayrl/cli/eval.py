@@ -92,14 +92,15 @@ def _backend(args: argparse.Namespace, config):
     """The rollout backend of ``--engine``, else of the config's ``rollout.engine``."""
     from relayrl.config.loader import load_config
     from relayrl.errors import RelayError
-    from relayrl.launch.backends import BACKENDS, make_backend
+    from relayrl.launch.backends import make_backend
+    from relayrl.registry import ROLLOUT_BACKENDS
 
     if config is None or args.engine is not None:
         name = args.engine or "builtin"
-        if name not in BACKENDS:
-            raise RelayError(
-                f"--engine: unknown backend {name!r}; expected one of {sorted(BACKENDS)}"
-            )
+        try:
+            ROLLOUT_BACKENDS.check(name)
+        except ValueError as exc:
+            raise RelayError(f"--engine: {exc}") from None
         config = load_config(args.config, [f"rollout.engine={name}"])
     return make_backend(config, args.model)
 

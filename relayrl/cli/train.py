@@ -18,7 +18,13 @@ import argparse
 import signal
 
 from relayrl.errors import RelayError
-from relayrl.metric_names import STALENESS_MAX, STALENESS_MEAN
+from relayrl.metric_names import (
+    PUBLICATIONS,
+    PUBLISH_LATENCY_MEAN_S,
+    ROLLOUT_ENGINE,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+)
 
 HELP = "train with asynchronous RL (starts rollout servers); prints final_pass@1"
 
@@ -87,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     interrupt_on_sigterm()
     if args.replay_from:
-        from relayrl.train.replay_dump import run_replay
+        from relayrl.train.run import run_replay
 
         result = run_replay(config, args.replay_from)
     else:
-        from relayrl.train.rl import run_train
+        from relayrl.train.run import run_train
 
         result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
@@ -110,11 +116,11 @@ def result_lines(result) -> list[str]:
             f" staleness_max={result.summary[STALENESS_MAX]:.0f}"
         )
     lines = [line]
-    if result.summary.get("publications"):
+    if result.summary.get(PUBLICATIONS):
         lines.append(
-            f"publications={result.summary['publications']} "
-            f"publish_latency_mean_s={result.summary['publish_latency_mean_s']:.3f} "
-            f"(rollout.engine={result.summary['rollout_engine']})"
+            f"publications={result.summary[PUBLICATIONS]} "
+            f"publish_latency_mean_s={result.summary[PUBLISH_LATENCY_MEAN_S]:.3f} "
+            f"(rollout.engine={result.summary[ROLLOUT_ENGINE]})"
         )
     if result.final_pass_at_1 is not None:
         lines.append(f"final_pass@1={result.final_pass_at_1:.2f}")

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
 from relayrl.rollout.workflow import WORKFLOWS
 
 
@@ -105,7 +106,7 @@ class RuntimeConfig(Section):
 
 
 # --------------------------------------------------------------------------- RL sections
-# Owned by `relayrl train` (relayrl/train/rl.py, relayrl/rollout/controller.py); see
+# Owned by `relayrl train` (relayrl/train/run/, relayrl/rollout/controller.py); see
 # docs/async.md for how they interact (admission bound, publication, thread budget).
 
 
@@ -199,10 +200,11 @@ class RolloutConfig(Section):
     server_hang_timeout_s: float = Field(
         60.0, gt=0, description="a live server process not answering /health this long is hung"
     )
-    engine: Literal["builtin", "vllm"] = Field(
+    engine: str = Field(
         "builtin",
-        description="rollout backend: builtin (`relayrl serve`) or vllm (a vLLM OpenAI server "
-        "with its RL endpoints, started from rollout.vllm.python)",
+        description="rollout backend, a name registered in relayrl.registry.ROLLOUT_BACKENDS: "
+        "builtin (`relayrl serve`) or vllm (a vLLM OpenAI server with its RL endpoints, "
+        "started from rollout.vllm.python), or a plugin's (docs/extending.md)",
     )
     server_urls: list[str] = Field(
         default_factory=list,
@@ -250,6 +252,11 @@ class RolloutConfig(Section):
     def _registered_workflow(cls, name: str) -> str:
         WORKFLOWS.lookup(name)
         return name
+
+    @field_validator("engine")
+    @classmethod
+    def _registered_backend(cls, name: str) -> str:
+        return ROLLOUT_BACKENDS.check(name)  # a ValueError names the registered backends
 
 
 class AlgoConfig(Section):
@@ -362,9 +369,11 @@ class TrainConfig(Section):
         "CPython's default is 5 ms): how long the training thread can wait for the GIL "
         "while the controller's event loop holds it (docs/async.md, measured)",
     )
-    weight_transport: Literal["disk", "broadcast"] = Field(
+    weight_transport: str = Field(
         "disk",
-        description="how published weights reach the rollout servers (docs/cluster.md): disk = "
+        description="how published weights reach the rollout servers, a name registered in "
+        "relayrl.registry.WEIGHT_TRANSPORTS (docs/cluster.md; a plugin's: docs/extending.md): "
+        "disk = "
         "a safetensors snapshot in train.weights_dir that each server loads; broadcast = "
         "HTTP control plus a gloo transfer group (trainer = rank 0) that broadcasts every "
         "tensor to all servers (built-in or vLLM), re-formed under a new name after a "
@@ -467,6 +476,11 @@ class TrainConfig(Section):
         description="recompute each decoder layer's activations in the backward pass "
         "(less memory, about one more forward)",
     )
+
+    @field_validator("weight_transport")
+    @classmethod
+    def _registered_transport(cls, name: str) -> str:
+        return WEIGHT_TRANSPORTS.check(name)  # a ValueError names the registered transports
 
 
 class ReplayConfig(Section):

@@ -202,6 +202,13 @@ class RolloutClient:
             if url == old:
                 self._sticky[key] = new
 
+    async def request(self, method: str, url: str, path: str, json: Any = None) -> Any:
+        """One call to the server at ``url`` (``GET``/``POST`` ``path`` with a JSON body),
+        retried on connection errors; its decoded JSON answer. A server's error answer, a
+        timeout or an unreachable server raise :class:`RolloutServerError`. For endpoints
+        this class has no method for (a backend's own checks)."""
+        return await self._request(method, url, path, json)
+
     async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
         """One HTTP call with retries on connection errors; raises RolloutServerError."""
         fast = FastHTTP.supports(url)

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Sequence_
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -49,10 +49,14 @@ from relayrl.engine.types import (
     EngineOptions,
     FinishReason,
     GenerationResult,
+    PauseMode,
     SamplingParams,
 )
 from relayrl.engine.weights import check_shapes, model_checksum, read_state_dict
 from relayrl.errors import RelayError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Engine:
@@ -204,11 +208,12 @@ class Engine:
         """Abort one request (queued or running); True if it was still live."""
         return self._call(self._abort_one, rid)
 
-    async def run_async(self, method: str, *args):
-        """Await a blocking engine method (``pause``, ``update_weights``...) off the event loop."""
-        return await asyncio.to_thread(getattr(self, method), *args)
+    async def run_async(self, method: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Await a blocking engine method (``engine.pause``, ``engine.update_weights``...) off
+        the event loop: ``await engine.run_async(engine.pause, PauseMode.ABORT)``."""
+        return await asyncio.to_thread(method, *args, **kwargs)
 
-    def pause(self, mode: str = "abort") -> list[GenerationResult]:
+    def pause(self, mode: PauseMode | str = PauseMode.ABORT) -> list[GenerationResult]:
         """Stop generating until :meth:`continue_generation`; new requests queue meanwhile.
 
         ``abort``: every running and queued request returns now with finish_reason "abort"
@@ -219,7 +224,7 @@ class Engine:
         """
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        return self._call(self._pause, mode)
+        return self._call(self._pause, PauseMode(mode))
 
     def continue_generation(self) -> None:
         self._call(self._set_paused, False)
@@ -323,12 +328,12 @@ class Engine:
     def _abort_one(self, rid: str) -> bool:
         return self.scheduler.abort(rid)
 
-    def _pause(self, mode: str) -> list[GenerationResult]:
+    def _pause(self, mode: PauseMode) -> list[GenerationResult]:
         self._paused = True
-        if mode == "retract":
+        if mode is PauseMode.RETRACT:
             self.scheduler.retract_all()
             return []
-        if mode == "in_place":
+        if mode is PauseMode.IN_PLACE:
             return []
         return self.scheduler.abort_all()
 

@@ -5,11 +5,23 @@ and the generation result. No torch import, so configs and clients can use them 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
-PauseMode = Literal["abort", "retract", "in_place"]
-PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
+
+
+class PauseMode(StrEnum):
+    """How :meth:`Engine.pause` treats the running requests (``/pause_generation``'s
+    ``mode``): ``abort`` returns them with their partial output, ``retract`` frees their KV
+    and re-queues them, ``in_place`` keeps them waiting with their KV."""
+
+    ABORT = "abort"
+    RETRACT = "retract"
+    IN_PLACE = "in_place"
+
+
+PAUSE_MODES: tuple[str, ...] = tuple(m.value for m in PauseMode)
 
 
 @dataclass

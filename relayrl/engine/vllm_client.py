@@ -181,12 +181,14 @@ class VLLMClient(RolloutClient):
             self._paused_by_us = False
             self._resumed.set()
 
-    async def load_and_tag(self, model_path: str, version: int, urls: list[str]) -> None:
+    async def load_and_tag(self, model_path: str, version: int, urls: list[str]) -> list[Any]:
         """On paused servers ``urls``: load ``model_path``, then label new tokens
-        ``version``."""
+        ``version``; each server's answer to the load (``/collective_rpc``), in ``urls``
+        order."""
         body = {"method": LOAD_METHOD, "kwargs": {"weights_path": str(model_path)}}
-        await self._broadcast("/collective_rpc", body, urls)
+        answers = await self._broadcast("/collective_rpc", body, urls)
         await self._tag(version, urls)
+        return answers
 
     async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
@@ -213,11 +215,10 @@ class VLLMClient(RolloutClient):
         keep_kv: bool = False,
     ) -> list[Any]:
         """Load ``model_path`` as ``version`` on every server (or on ``urls``), paused
-        around the load (:meth:`_paused_for_load`)."""
+        around the load (:meth:`_paused_for_load`); each server's answer to the load."""
         targets = list(self.urls if urls is None else urls)
         async with self._paused_for_load(targets, keep_kv):
-            await self.load_and_tag(model_path, 0 if version is None else version, targets)
-        return [{"success": True}] * len(targets)
+            return await self.load_and_tag(model_path, 0 if version is None else version, targets)
 
     # ------------------------------------------------------------------ broadcast transport
     async def _rpc(self, url: str, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:

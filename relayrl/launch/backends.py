@@ -1,6 +1,8 @@
 """The rollout-backend seam: which servers generate a run's rollouts and how to talk to them.
 
-Owns: :class:`RolloutBackend` and the registry :data:`BACKENDS` (``rollout.engine``). A
+Owns: :class:`RolloutBackend`, :func:`register_backend` (into
+``relayrl.registry.ROLLOUT_BACKENDS``, the names ``rollout.engine`` accepts) and
+:func:`make_backend`. A
 backend is two things that the run, the launcher and the supervisor use and nothing else:
 
 * **launch**: :meth:`RolloutBackend.server_spec`, what one server process runs (its
@@ -16,7 +18,8 @@ backend is two things that the run, the launcher and the supervisor use and noth
 
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
 ``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
-Another engine (SGLang, say) is one more subclass and one registry line.
+Another engine (SGLang, say, or a plugin's, docs/extending.md) is one more subclass and one
+registry line (``@register_backend``).
 
 Imports: relayrl.config, relayrl.engine (clients), relayrl.launch.servers and .vllm,
 relayrl.errors.
@@ -33,6 +36,7 @@ from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
+from relayrl.registry import ROLLOUT_BACKENDS
 
 
 async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str) -> None:
@@ -40,7 +44,7 @@ async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str
     ``hint``. An unreachable server is re-raised as is (not a question of protocol: the
     caller names the server)."""
     try:
-        await client._request("GET", url, path)
+        await client.request("GET", url, path)
     except RolloutServerError as exc:
         if exc.unreachable:
             raise
@@ -110,6 +114,15 @@ class RolloutBackend(ABC):
         await asyncio.gather(*(self.check_protocol(client, url) for url in client.urls))
 
 
+def register_backend(cls: type[RolloutBackend]) -> type[RolloutBackend]:
+    """Class decorator: make ``cls`` (a :class:`RolloutBackend` with a ``name``) a choice of
+    ``rollout.engine``."""
+    if not (isinstance(cls, type) and issubclass(cls, RolloutBackend)):
+        raise TypeError(f"a rollout backend must subclass RolloutBackend, got {cls!r}")
+    return ROLLOUT_BACKENDS.add_class(cls)
+
+
+@register_backend
 class BuiltinBackend(RolloutBackend):
     """relayrl's own engine behind ``relayrl serve``."""
 
@@ -139,6 +152,7 @@ class BuiltinBackend(RolloutBackend):
         )
 
 
+@register_backend
 class VLLMBackend(RolloutBackend):
     """A vLLM OpenAI server with its RL endpoints (docs/engine.md "vLLM backend")."""
 
@@ -193,22 +207,13 @@ class VLLMBackend(RolloutBackend):
     async def check_server(self, client: RolloutClient, url: str) -> None:
         await self.check_protocol(client, url)
         # a run starts at version 0 (an external server may carry a label from before)
-        await client._request("POST", url, "/update_weight_version", {"new_version": "0"})
-
-
-BACKENDS: dict[str, type[RolloutBackend]] = {
-    BuiltinBackend.name: BuiltinBackend,
-    VLLMBackend.name: VLLMBackend,
-}
+        await client.request("POST", url, "/update_weight_version", {"new_version": "0"})
 
 
 def make_backend(config: RunConfig, model_dir: Path | str) -> RolloutBackend:
     """The backend of ``rollout.engine``."""
     try:
-        cls = BACKENDS[config.rollout.engine]
-    except KeyError:
-        raise RelayError(
-            f"rollout.engine: unknown backend {config.rollout.engine!r}; expected one of "
-            f"{sorted(BACKENDS)}"
-        ) from None
+        cls = ROLLOUT_BACKENDS.lookup(config.rollout.engine)
+    except ValueError as exc:
+        raise RelayError(f"rollout.engine: {exc}") from None
     return cls(config, model_dir)

@@ -6,7 +6,9 @@ the in-memory weights if they are to be broadcast), :class:`WeightPublisher` wit
 :class:`DiskPublisher` (``train.weight_transport=disk``: a safetensors directory, each server
 loads it through ``/update_weights_from_disk``) and :class:`BroadcastPublisher`
 (``broadcast``: HTTP carries control, a gloo transfer group of the trainer (rank 0) and every
-server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError` and
+server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError`, :func:`register_transport` (into
+``relayrl.registry.WEIGHT_TRANSPORTS``, the names ``train.weight_transport`` accepts: a
+plugin's transport is one subclass and one registry line, docs/extending.md) and
 :func:`make_publisher`. Both transports drive built-in and vLLM servers alike: the client
 class speaks each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast
 calls onto relayrl's vLLM worker extension).
@@ -38,8 +40,8 @@ crashed server):
   restarted between two snapshots loads the last one and is then brought to the newest
   version by one more broadcast of the held weights (``ServerSupervisor``).
 
-Imports: relayrl.engine (client, transfer), relayrl.launch.servers (free ports),
-relayrl.errors, torch.
+Imports: relayrl.config (the train section), relayrl.engine (client, transfer),
+relayrl.launch.servers (free ports), relayrl.errors, relayrl.registry, torch.
 """
 
 from __future__ import annotations
@@ -55,12 +57,13 @@ from urllib.parse import urlsplit
 
 import torch
 
+from relayrl.config.schema import TrainConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.transfer import TransferGroup, tensor_specs
 from relayrl.errors import RelayError
 from relayrl.launch.servers import free_port
+from relayrl.registry import WEIGHT_TRANSPORTS
 
-TRANSPORTS = ("disk", "broadcast")
 GROUP_PREFIX = "relayrl-w"
 
 
@@ -113,6 +116,11 @@ class WeightPublisher(ABC):
 
     name: str
 
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> WeightPublisher:
+        """The publisher a run with this ``train`` section uses (the default: no options)."""
+        return cls()
+
     @abstractmethod
     def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
         """Capture the trainer's weights for publication ``version`` (blocking; the trainer
@@ -147,6 +155,15 @@ class WeightPublisher(ABC):
         """Release what the transport holds (the end of the run)."""
 
 
+def register_transport(cls: type[WeightPublisher]) -> type[WeightPublisher]:
+    """Class decorator: make ``cls`` (a :class:`WeightPublisher` with a ``name``) a choice of
+    ``train.weight_transport``."""
+    if not (isinstance(cls, type) and issubclass(cls, WeightPublisher)):
+        raise TypeError(f"a weight transport must subclass WeightPublisher, got {cls!r}")
+    return WEIGHT_TRANSPORTS.add_class(cls)
+
+
+@register_transport
 class DiskPublisher(WeightPublisher):
     """``train.weight_transport=disk``: a safetensors snapshot per publication, loaded by
     each server from the filesystem (``/update_weights_from_disk``)."""
@@ -175,10 +192,15 @@ def address_towards(urls: list[str]) -> str:
         return s.getsockname()[0]
 
 
+@register_transport
 class BroadcastPublisher(WeightPublisher):
     """``train.weight_transport=broadcast``; see the module docstring."""
 
     name = "broadcast"
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> BroadcastPublisher:
+        return cls(train.broadcast_timeout_s, train.broadcast_snapshot_every)
 
     def __init__(
         self, timeout_s: float = 60.0, snapshot_every: int = 1, master_address: str | None = None
@@ -319,10 +341,10 @@ class BroadcastPublisher(WeightPublisher):
         return BroadcastError(f"{what} failed on the trainer side within {limit}: {exc!r}")
 
 
-def make_publisher(transport: str, timeout_s: float, snapshot_every: int) -> WeightPublisher:
+def make_publisher(train: TrainConfig) -> WeightPublisher:
     """The publisher of ``train.weight_transport``."""
-    if transport == "disk":
-        return DiskPublisher()
-    if transport == "broadcast":
-        return BroadcastPublisher(timeout_s, snapshot_every)
-    raise ValueError(f"weight transport must be one of {TRANSPORTS}, got {transport!r}")
+    try:
+        cls = WEIGHT_TRANSPORTS.lookup(train.weight_transport)
+    except ValueError as exc:
+        raise RelayError(f"train.weight_transport: {exc}") from None
+    return cls.from_config(train)

@@ -267,7 +267,7 @@ class _ServerHost(_ProcessHost):
         return {"url": f"http://{host}:{port}", **info}
 
 
-class _RankHost(_ProcessHost):
+class RankHost(_ProcessHost):
     """The actor of one trainer rank ≥ 1: the worker entry point the local launcher runs as a
     subprocess (``relayrl.train.distributed.worker_main``), with its rendezvous environment."""
 

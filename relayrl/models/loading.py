@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from relayrl.errors import RelayError
@@ -62,6 +64,24 @@ def prefer_shape_agnostic_attention(device) -> None:
 
     if torch.device(device).type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def quiet_libraries() -> None:
+    """Turn transformers' and huggingface_hub's progress bars off for this process and the
+    processes it starts ("Writing model shards" on every ``save_pretrained``, "Loading
+    weights"): relayrl's dashboard is the display, and a weight publication or evaluation
+    save would print one bar each. Process-wide; imports neither library (the CLI calls it
+    at start): the environment switch is read when they are imported, and a library
+    already imported is switched off directly."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # huggingface_hub's bars too
+    elif "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
 
 
 PLAIN_TEMPLATE = "{prompt}\n"

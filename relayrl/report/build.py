@@ -17,12 +17,14 @@ from pathlib import Path
 
 from relayrl.metric_names import (
     BEHAV_PROX_KL,
+    CLIP_FRAC,
     DRIFT_KL,
     ELAPSED_S,
     ESS_FRAC,
     EVAL_PASS_AT_1,
     EVAL_PROBLEMS,
     EVAL_VERSION,
+    GEN_TOKENS_PER_S,
     IS_WEIGHT_MEAN,
     PASS_RATE,
     REWARD_MEAN,
@@ -30,6 +32,7 @@ from relayrl.metric_names import (
     STEP,
     TIME_DRIFT_S,
     TIME_PROX_S,
+    TIME_SYNC_S,
     TIME_UPDATE_S,
     TIME_WAIT_S,
     TRAIN_TOKENS_PER_S,
@@ -48,7 +51,7 @@ TIME_SPLIT = [
     (TIME_PROX_S, "proximal pass"),
     (TIME_UPDATE_S, "update"),
     (TIME_DRIFT_S, "drift metrics"),
-    ("time_sync_s", "weight sync"),
+    (TIME_SYNC_S, "weight sync"),
 ]
 
 
@@ -125,7 +128,7 @@ def chart_importance(ax, logs: RunLogs) -> bool:
         [
             (IS_WEIGHT_MEAN, "mean"),
             ("is_weight_max", "max"),
-            ("clip_frac", "fraction clipped"),
+            (CLIP_FRAC, "fraction clipped"),
             ("is_masked_frac", "fraction masked"),
             ("is_truncated_frac", "fraction truncated"),
         ],
@@ -219,7 +222,7 @@ def chart_time_split(ax, logs: RunLogs) -> bool:
 def chart_throughput(ax, logs: RunLogs) -> bool:
     ax.set(title="throughput", xlabel="step", ylabel="tokens / s")
     return _lines(
-        ax, logs, [("gen_tokens_per_s", "generation"), (TRAIN_TOKENS_PER_S, "training")], STEP
+        ax, logs, [(GEN_TOKENS_PER_S, "generation"), (TRAIN_TOKENS_PER_S, "training")], STEP
     )
 
 

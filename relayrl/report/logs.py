@@ -3,7 +3,7 @@
 Owns: :class:`RunLogs`, :func:`numbered_jsonl`, :func:`read_jsonl`, :func:`load_run`. A torn
 last line (a run killed mid-write) is ignored; any other bad line is an error naming the file
 and line. Imports: the standard library and relayrl.errors only, so the trainer's replay
-(``relayrl.train.replay_dump``) reads dumps with the same code.
+(``relayrl.train.run.recorded``) reads dumps with the same code.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
@@ -43,7 +44,7 @@ from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
 from relayrl.rollout.prompts import PromptLoader
-from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
 from relayrl.rollout.workflow import (
     EpisodeWorkflow,
     GenerateFn,
@@ -121,25 +122,14 @@ class ControllerOptions:
                 "always has equal rewards and would always be dropped)"
             )
 
-    @classmethod
-    def from_config(cls, config: Any) -> ControllerOptions:
-        r, a = config.rollout, config.algo
-        return cls(
-            n_samples=r.n_samples,
-            prompts_per_step=r.prompts_per_step,
-            eta=r.eta,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
-            max_context=config.model.max_context,
-            advantage=a.advantage,
-            dynamic_sampling=a.dynamic_sampling,
-            max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
-            overlong_buffer=a.overlong_buffer,
-            overlong_penalty=a.overlong_penalty,
-            seed=config.seed,
-        )
+
+class GroupStatus(StrEnum):
+    """Where an admitted group is: generating and grading, complete (waits to be trained in
+    admission order) or rejected (filtered, or a failure; its slot is given back)."""
+
+    RUNNING = "running"
+    READY = "ready"
+    REJECTED = "rejected"
 
 
 @dataclass
@@ -154,7 +144,7 @@ class Group:
     admitted_at: float
     trajectories: list[Trajectory] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    status: str = "running"  # running | ready | rejected
+    status: GroupStatus = GroupStatus.RUNNING
 
     @property
     def key(self) -> str:
@@ -251,7 +241,7 @@ class RolloutController:
 
     @property
     def ready_groups(self) -> int:
-        return sum(1 for g in self._pending if g.status == "ready")
+        return sum(1 for g in self._pending if g.status is GroupStatus.READY)
 
     def capacity(self) -> int:
         return admission_capacity(self.published_version, self.opt.eta, self.opt.prompts_per_step)
@@ -406,14 +396,14 @@ class RolloutController:
             self.counters["accepted_uniform_groups"] += 1  # past the cap: it fills the batch
         else:
             self._filtered_in_row = 0
-        group.status = "ready"
+        group.status = GroupStatus.READY
         del self._running[group.index]
         self.accepted += 1
         self.counters["accepted_groups"] += 1
         self._notify()
 
     def _reject(self, group: Group, why: str) -> None:
-        group.status = "rejected"
+        group.status = GroupStatus.REJECTED
         self._running.pop(group.index, None)
         self._pending.remove(group)
         self.counters[f"rejected_{why}"] += 1
@@ -424,7 +414,7 @@ class RolloutController:
         b = self.opt.prompts_per_step
         if len(self._pending) < b:
             return False
-        return all(self._pending[i].status == "ready" for i in range(b))
+        return all(self._pending[i].status is GroupStatus.READY for i in range(b))
 
     async def next_batch(self) -> list[Group]:
         """The next B groups in admission order, once all of them are complete, with the
@@ -488,9 +478,9 @@ class RolloutController:
                 "prompt_index": g.prompt_index,
                 "prompt_id": g.problem.id,
                 "submit_version": g.submit_version,
-                "status": g.status,
+                "status": g.status.value,
             }
-            if g.status == "ready":
+            if g.status is GroupStatus.READY:
                 entry["trajectories"] = [t.to_dict() for t in g.trajectories]
                 entry["texts"] = list(g.texts)
             pending.append(entry)
@@ -523,7 +513,7 @@ class RolloutController:
         for entry in state["pending"]:
             group = self._restore_group(entry)
             self._pending.append(group)
-            if group.status == "running":
+            if group.status is GroupStatus.RUNNING:
                 self._running[group.index] = group
 
     def _restore_group(self, entry: dict[str, Any]) -> Group:
@@ -541,9 +531,9 @@ class RolloutController:
             prompt_ids=self._encode(problem),
             submit_version=int(entry["submit_version"]),
             admitted_at=time.perf_counter(),
-            status=entry["status"],
+            status=GroupStatus(entry["status"]),
         )
-        if group.status == "ready":
+        if group.status is GroupStatus.READY:
             group.trajectories = [Trajectory.from_dict(t) for t in entry["trajectories"]]
             group.texts = list(entry["texts"])
             self._check_restored_staleness(group)
@@ -551,13 +541,15 @@ class RolloutController:
 
     def _check_restored_staleness(self, group: Group) -> None:
         version = self.consumed_version
-        worst = max(t.staleness(version) for t in group.trajectories)
-        if worst > self.opt.eta:
+        try:
+            check_staleness(group.trajectories, version, self.opt.eta)
+        except StalenessError as exc:
+            worst = exc.worst
             raise RelayError(
                 f"checkpoint holds group {group.key} (prompt {group.problem.id!r}) of staleness "
                 f"{worst} at trainer version {version}, above rollout.eta={self.opt.eta}: it "
                 f"must not be trained; resume with rollout.eta >= {worst}"
-            )
+            ) from None
 
     def restored_counts(self) -> tuple[int, int]:
         """(complete, in-flight) groups waiting to be trained, e.g. right after a restore."""

@@ -99,6 +99,10 @@ def register_environment(cls: type[Environment]) -> type[Environment]:
 
 
 register_environment(SingleTurnEnvironment)
+# the built-in tool environments (relayrl.rollout.tools, which imports this module), named by
+# import path: loaded on their first lookup, so this module imports nothing of them
+ENVIRONMENTS.add_path("calc", "relayrl.rollout.tools:CalcEnvironment")
+ENVIRONMENTS.add_path("python", "relayrl.rollout.tools:PythonEnvironment")
 
 
 def environment_name(problem: Problem) -> str:
@@ -107,8 +111,6 @@ def environment_name(problem: Problem) -> str:
 
 def environment_for(problem: Problem) -> Environment:
     """A fresh environment for one episode of ``problem``."""
-    from relayrl.rollout import tools  # noqa: F401 - registers the built-in tool environments
-
     return ENVIRONMENTS.lookup(environment_name(problem))()
 
 

@@ -1,8 +1,10 @@
 """The Trajectory record: one sampled completion (or multi-turn episode) and everything
-training needs about it, every token with its origin (prompt, model, environment)."""
+training needs about it, every token with its origin (prompt, model, environment); and
+:func:`check_staleness`, the one check of the staleness bound."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -105,3 +107,25 @@ class Trajectory:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         return cls(**data)
+
+
+class StalenessError(ValueError):
+    """A sample outside the staleness bound: ``worst`` versions behind the trainer's
+    ``version`` with ``eta`` allowed (or negative: from a version not reached yet)."""
+
+    def __init__(self, worst: int, version: int, eta: int) -> None:
+        super().__init__(
+            f"a sample of staleness {worst} at trainer version {version}, bound eta={eta}"
+        )
+        self.worst, self.version, self.eta = worst, version, eta
+
+
+def check_staleness(trajs: Iterable[Trajectory], version: int, eta: int) -> list[int]:
+    """The staleness of each trajectory when trained at ``version``: the one check of the
+    bound (the trainer's, a resumed controller's, a replay's). Raises
+    :class:`StalenessError` if one is above ``eta`` or negative."""
+    stale = [t.staleness(version) for t in trajs]
+    if stale and (max(stale) > eta or min(stale) < 0):
+        worst = max(stale) if max(stale) > eta else min(stale)
+        raise StalenessError(worst, version, eta)
+    return stale

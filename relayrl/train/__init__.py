@@ -1,5 +1,7 @@
-"""Trainers: SFT warm start and the asynchronous RL trainer (proximal recompute, updates,
-weight publication, checkpoints).
+"""Trainers: SFT warm start, the RL trainer (proximal recompute, updates, D-ARL) and its
+data-parallel ranks, the training loop, checkpoints and resume, and a run
+(``relayrl.train.run``: one setup and the batch source that feeds the loop).
 
-Imports: every package above; nothing imports relayrl.train except relayrl.cli and relayrl.launch.
+Imports: every package below it; imported by relayrl.cli, relayrl.bench and
+relayrl.experiments.
 """

@@ -8,8 +8,8 @@ terminal (a log file, a pipe, CI): the same status as one plain line every
 ``train.log_every`` steps and at the last step, with elapsed time and ETA. ``train.progress:
 false`` is quiet mode: nothing per step.
 
-Owns: :class:`Dashboard`, :func:`status_line`. Imports: tqdm (lazily) and the standard
-library.
+Owns: :class:`Dashboard`, :func:`status_line`. Imports: tqdm (lazily), the train section of
+the config, the metric names and the standard library.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from relayrl.config.schema import TrainConfig
 from relayrl.metric_names import (
     ELAPSED_S,
     EVAL_PASS_AT_1,
+    GEN_TOKENS_PER_S,
     PASS_RATE,
     REWARD_MEAN,
     SERVERS,
@@ -38,7 +40,7 @@ FIELDS: list[tuple[str, str, str]] = [
     (EVAL_PASS_AT_1, "eval pass@1", "{:.2f}"),
     (STALENESS_MEAN, "stale", "{:.2f}"),
     (STALENESS_MAX, "max", "{:.0f}"),
-    ("gen_tokens_per_s", "gen tok/s", "{:.0f}"),
+    (GEN_TOKENS_PER_S, "gen tok/s", "{:.0f}"),
     (TRAIN_TOKENS_PER_S, "train tok/s", "{:.0f}"),
     (SERVERS, "servers", "{}"),
 ]
@@ -102,8 +104,7 @@ class Dashboard:
             self._status = tqdm(total=0, position=1, bar_format="{desc}", **common)
 
     @classmethod
-    def from_config(cls, config: Any) -> Dashboard:
-        train = config.train
+    def from_config(cls, train: TrainConfig) -> Dashboard:
         return cls(train.total_steps, train.progress, train.log_every)
 
     def update(self, metrics: Mapping[str, Any]) -> None:

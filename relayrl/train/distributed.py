@@ -12,9 +12,10 @@ rollout servers, metrics, checkpoints' manifest and weight publication, and runs
 share of every step. Ranks 1..N−1 are worker processes (``relayrl.train.distributed``,
 started by rank 0 with one line per rank in ``<run>/trainer-rank<r>.log``, or by
 ``torchrun``) that only train. Each trainer call of the loop is a command that rank 0
-broadcasts (``broadcast_object_list`` on a gloo group: the name and the arguments, e.g. the
-step's groups of trajectories) before running it itself, so every rank runs the same
-``ShardedRLTrainer`` method on the same inputs, and nothing else of the loop changes.
+broadcasts (``broadcast_object_list`` on a gloo group: a :class:`RankCall`, the
+:class:`RankCommand` and its arguments, e.g. the step's groups of trajectories) before
+running it itself, so every rank runs the same ``ShardedRLTrainer`` method on the same
+inputs, and nothing else of the loop changes.
 
 Failure: a collective that fails on rank 0 (a rank died: gloo reports the closed connection)
 is turned into one error naming the dead rank and how it ended; rank 0 then stops the job and
@@ -32,39 +33,71 @@ import datetime
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.train.options import ShardingOptions, TrainerOptions
-
-WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main()"
-PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
-BACKEND_ENV = "RELAYRL_TRAINER_BACKEND"
-TIMEOUT_ENV = "RELAYRL_DIST_TIMEOUT_S"
-COMMANDS = frozenset(
-    {"train_step", "save_weights", "full_state_dict", "save_shards", "restore_checkpoint"}
+from relayrl.train.worker_ranks import (
+    BACKEND_ENV,
+    PARENT_ENV,
+    TIMEOUT_ENV,
+    WorkerRanks,
+    resolve_backend,
 )
-STOP = "stop"
+
+
+class RankCommand(Enum):
+    """What rank 0 tells every rank to run (each a ``ShardedRLTrainer`` method, but
+    :data:`STOP`, which ends a worker)."""
+
+    TRAIN_STEP = "train_step"
+    SAVE_WEIGHTS = "save_weights"
+    FULL_STATE_DICT = "full_state_dict"
+    SAVE_SHARDS = "save_shards"
+    RESTORE_CHECKPOINT = "restore_checkpoint"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RankCall:
+    """One command and its arguments, as rank 0 broadcasts it."""
+
+    command: RankCommand
+    args: tuple[Any, ...] = ()
+
+
+STOP = RankCall(RankCommand.STOP)
+
+
+def run_call(trainer: Any, call: RankCall) -> Any:
+    """Run ``call`` on this rank's ``trainer`` (a ``ShardedRLTrainer``)."""
+    match call.command:
+        case RankCommand.TRAIN_STEP:
+            return trainer.train_step(*call.args)
+        case RankCommand.SAVE_WEIGHTS:
+            return trainer.save_weights(*call.args)
+        case RankCommand.FULL_STATE_DICT:
+            return trainer.full_state_dict(*call.args)
+        case RankCommand.SAVE_SHARDS:
+            return trainer.save_shards(*call.args)
+        case RankCommand.RESTORE_CHECKPOINT:
+            return trainer.restore_checkpoint(*call.args)
+    raise RuntimeError(f"not a trainer command: {call.command}")
+
+
 PR_SET_PDEATHSIG = 1
 
 
 # --------------------------------------------------------------------------- checks
-def resolve_backend(config: Any) -> str:
-    """``train.backend``, with ``auto`` = nccl when the model is on CUDA, else gloo."""
-    backend = config.train.backend
-    if backend == "auto":
-        return "nccl" if str(config.model.device).startswith("cuda") else "gloo"
-    return backend
-
-
 def torchrun_rank() -> int | None:
     """This process's rank when started by torchrun (``TORCHELASTIC_RUN_ID`` set), else None."""
     if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ:
@@ -79,7 +112,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_trainer_ranks(config: Any) -> None:
+def check_trainer_ranks(config: RunConfig) -> None:
     """Raise a RelayError naming the key when ``train.world_size`` cannot run here."""
     t = config.train
     if t.world_size == 1:
@@ -122,7 +155,7 @@ def check_trainer_ranks(config: Any) -> None:
 
 
 # --------------------------------------------------------------------------- process group
-def _device_for(config: Any, backend: str, local_rank: int) -> str:
+def _device_for(config: RunConfig, backend: str, local_rank: int) -> str:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"
@@ -135,13 +168,13 @@ def _control_group(backend: str):
     return dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
 
 
-def _receive(group) -> tuple[str, tuple]:
+def _receive(group) -> Any:
     message: list[Any] = [None]
     dist.broadcast_object_list(message, src=0, group=group)
     return message[0]
 
 
-def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: str):
+def _build_rank(config: RunConfig, model_dir: str, pad_id: int, device: str, backend: str):
     from relayrl.models.loading import load_model
     from relayrl.train.fsdp import ShardedRLTrainer
 
@@ -153,85 +186,7 @@ def _build_rank(config: Any, model_dir: str, pad_id: int, device: str, backend: 
     )
 
 
-def rank_environment(config: Any, rank: int, master_addr: str, port: int) -> dict[str, str]:
-    """What worker rank ``rank`` needs to join rank 0 at ``master_addr:port`` (a subprocess
-    or a Ray actor's child; ``PARENT_ENV`` is set by whoever starts it)."""
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(config.train.world_size),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": str(config.train.trainer_threads),
-        BACKEND_ENV: resolve_backend(config),
-        TIMEOUT_ENV: str(config.train.dist_timeout_s),
-    }
-
-
-class WorkerRanks:
-    """The worker processes rank 0 started (none under torchrun, which owns them), as
-    ``Popen``-like handles by rank; ``master_addr`` is where rank 0 listens for them."""
-
-    master_addr = "127.0.0.1"
-
-    def __init__(self, procs: dict[int, Any], logs: dict[int, Path], run_dir: Path) -> None:
-        self.procs, self.logs, self.run_dir = procs, logs, run_dir
-
-    @classmethod
-    def spawn(cls, config: Any, port: int, log_dir: Path) -> WorkerRanks:
-        procs, logs = {}, {}
-        for rank in range(1, config.train.world_size):
-            env = {
-                **os.environ,
-                **rank_environment(config, rank, cls.master_addr, port),
-                PARENT_ENV: str(os.getpid()),
-            }
-            logs[rank] = log_dir / f"trainer-rank{rank}.log"
-            with open(logs[rank], "w") as log:
-                procs[rank] = subprocess.Popen(
-                    [sys.executable, "-c", WORKER_SNIPPET],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-        return cls(procs, logs, log_dir)
-
-    def where(self, rank: int) -> str:
-        """Rank ``rank``'s process, for messages."""
-        return f"pid {self.procs[rank].pid}"
-
-    def dead(self) -> list[tuple[int, int]]:
-        """``(rank, returncode)`` of every worker that has exited."""
-        return [(r, p.returncode) for r, p in self.procs.items() if p.poll() is not None]
-
-    def failure(self, grace_s: float = 2.0) -> RelayError | None:
-        """A RelayError naming a dead rank (waiting up to ``grace_s`` for one to show)."""
-        deadline = time.monotonic() + grace_s
-        while not self.dead() and time.monotonic() < deadline and self.procs:
-            time.sleep(0.05)
-        for rank, code in self.dead():
-            how = f"exit status {code}"
-            if code < 0:
-                how = f"killed by {signal.Signals(-code).name}"
-            return RelayError(
-                f"trainer rank {rank} ({self.where(rank)}) died ({how}); the job "
-                f"stops: every rank takes part in each step (its log: {self.logs[rank]}). "
-                f"Continue from the last checkpoint with `relayrl train --resume {self.run_dir}`"
-            )
-        return None
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _init_rank0(config: Any, backend: str, workers: WorkerRanks, port: int | None) -> None:
+def _init_rank0(config: RunConfig, backend: str, workers: WorkerRanks, port: int | None) -> None:
     """``init_process_group`` on rank 0, failing fast (naming the rank) if a worker dies
     before joining instead of waiting ``train.dist_timeout_s``."""
     timeout = datetime.timedelta(seconds=config.train.dist_timeout_s)
@@ -286,12 +241,12 @@ class TrainerGroup:
     def world_size(self) -> int:
         return self.local.world_size
 
-    def _all(self, name: str, *args: Any) -> Any:
-        """Run ``local.<name>(*args)`` on every rank."""
-        assert name in COMMANDS, name
+    def _all(self, command: RankCommand, *args: Any) -> Any:
+        """Run ``command`` with ``args`` on every rank."""
+        call = RankCall(command, args)
         try:
-            dist.broadcast_object_list([(name, args)], src=0, group=self.control)
-            return getattr(self.local, name)(*args)
+            dist.broadcast_object_list([call], src=0, group=self.control)
+            return run_call(self.local, call)
         except RuntimeError as exc:  # torch.distributed errors are RuntimeErrors
             failure = self.workers.failure()
             if failure is not None:
@@ -300,16 +255,16 @@ class TrainerGroup:
             raise
 
     def train_step(self, groups) -> dict[str, float]:
-        return self._all("train_step", groups)
+        return self._all(RankCommand.TRAIN_STEP, groups)
 
     def save_weights(self, directory: Path) -> Path:
-        return self._all("save_weights", directory)
+        return self._all(RankCommand.SAVE_WEIGHTS, directory)
 
     def save_shards(self, directory: Path) -> None:
-        self._all("save_shards", directory)
+        self._all(RankCommand.SAVE_SHARDS, directory)
 
     def restore_checkpoint(self, model_dir: Path, shards: Path | None, state: dict) -> None:
-        self._all("restore_checkpoint", model_dir, shards, state)
+        self._all(RankCommand.RESTORE_CHECKPOINT, model_dir, shards, state)
         self._replica_version = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -318,7 +273,7 @@ class TrainerGroup:
     @property
     def model(self) -> torch.nn.Module:
         if not self._closed and self._replica_version != self.version:
-            state = self._all("full_state_dict")
+            state = self._all(RankCommand.FULL_STATE_DICT)
             self.replica.load_state_dict(state)
             self._replica_version = self.version
         return self.replica
@@ -328,7 +283,7 @@ class TrainerGroup:
         if not self._closed:
             self._closed = True
             try:
-                dist.broadcast_object_list([(STOP, ())], src=0, group=self.control)
+                dist.broadcast_object_list([STOP], src=0, group=self.control)
             except RuntimeError:
                 pass  # a worker is gone already
         if dist.is_initialized():
@@ -336,7 +291,9 @@ class TrainerGroup:
         self.workers.stop()
 
 
-def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Path, log_dir: Path):
+def make_trainer(
+    model: torch.nn.Module, config: RunConfig, pad_id: int, model_dir: Path, log_dir: Path
+):
     """The trainer of a run: ``RLTrainer`` at world size 1 (as always), else the ranks
     started here (or by torchrun) with rank 0 in this process, as a :class:`TrainerGroup`."""
     from relayrl.train.trainer import RLTrainer
@@ -375,7 +332,7 @@ def make_trainer(model: torch.nn.Module, config: Any, pad_id: int, model_dir: Pa
 
 
 # --------------------------------------------------------------------------- ranks ≥ 1
-def run_torchrun_worker(config: Any) -> bool:
+def run_torchrun_worker(config: RunConfig) -> bool:
     """Under torchrun, ranks 1..N−1 of `relayrl train` become trainer workers here (and
     return True when done); rank 0 and plain runs get False and run the job."""
     rank = torchrun_rank()
@@ -431,12 +388,12 @@ def worker_main() -> None:
             flush=True,
         )
         while True:
-            name, args = _receive(control)
-            if name == STOP:
+            call = _receive(control)
+            if not isinstance(call, RankCall):
+                raise RuntimeError(f"not a trainer command: {call!r}")
+            if call.command is RankCommand.STOP:
                 break
-            if name not in COMMANDS:
-                raise RuntimeError(f"unknown trainer command {name!r}")
-            getattr(trainer, name)(*args)
+            run_call(trainer, call)
     except Exception as exc:  # noqa: BLE001 - the log says why; rank 0 names the rank
         import traceback
 

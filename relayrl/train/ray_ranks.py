@@ -1,7 +1,7 @@
 """Trainer ranks 1..N−1 as Ray actors: ``launcher: ray`` with ``train.world_size`` N > 1.
 
 Owns :class:`RayWorkerRanks`, the Ray counterpart of the local launcher's
-:class:`~relayrl.train.distributed.WorkerRanks` (same interface: ``procs``, ``logs``,
+:class:`~relayrl.train.worker_ranks.WorkerRanks` (same interface: ``procs``, ``logs``,
 ``dead``, ``failure``, ``stop``), so rank 0 (the driver, `relayrl train`) and the command
 channel work unchanged; only *where* a rank runs differs:
 
@@ -19,7 +19,7 @@ channel work unchanged; only *where* a rank runs differs:
   ``trainer_ranks`` (beside the servers); the logs go to the run directory, which on several
   nodes must be on a shared filesystem.
 
-Imports: relayrl.launch.ray_cluster, relayrl.train.distributed; ``ray``.
+Imports: config, relayrl.launch.ray_cluster, relayrl.train.worker_ranks; ``ray``.
 """
 
 from __future__ import annotations
@@ -29,20 +29,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.schema import RunConfig
 from relayrl.launch.ray_cluster import (
+    RankHost,
     RemoteServer,
-    _RankHost,
     await_start,
     connect,
     reserve,
     update_cluster_file,
 )
-from relayrl.train.distributed import WORKER_SNIPPET, WorkerRanks, rank_environment
+from relayrl.train.worker_ranks import WORKER_SNIPPET, WorkerRanks, rank_environment
 
 ROLE = "trainer ranks"
 
 
-def rank_bundle(config: Any) -> dict[str, float]:
+def rank_bundle(config: RunConfig) -> dict[str, float]:
     """The resources of one trainer rank ≥ 1: its threads, and a GPU on CUDA."""
     bundle = {"CPU": float(config.train.trainer_threads)}
     if str(config.model.device).startswith("cuda"):
@@ -60,7 +61,7 @@ class RayWorkerRanks(WorkerRanks):
         self.group = group
 
     @classmethod
-    def spawn(cls, config: Any, port: int, log_dir: Path) -> RayWorkerRanks:
+    def spawn(cls, config: RunConfig, port: int, log_dir: Path) -> RayWorkerRanks:
         import ray
 
         connect(config.ray)
@@ -82,13 +83,13 @@ class RayWorkerRanks(WorkerRanks):
             raise
         return ranks
 
-    def _start(self, config: Any, rank: int, port: int) -> None:
+    def _start(self, config: RunConfig, rank: int, port: int) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = rank_bundle(config)
         actor = (
-            ray.remote(max_restarts=0)(_RankHost)
+            ray.remote(max_restarts=0)(RankHost)
             .options(
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),

@@ -23,7 +23,8 @@ max(η, K − 1) + 1 of each: ``replay_count_v<lag>`` (samples trained, by oldes
 version), ``replay_kept_fraction_v<lag>`` and ``replay_score_v<lag>`` (replay candidates),
 ``darl_ess_v<lag>`` and ``darl_alpha_v<lag>`` (tokens, by the version that produced them).
 
-Imports: torch, relayrl.algo.darl, relayrl.buffer, the Trajectory record and the config.
+Imports: torch, relayrl.algo.darl, relayrl.buffer, the Trajectory record, the config and
+the weight history.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from relayrl.algo.darl import (
 from relayrl.buffer.replay import ReplayBuffer
 from relayrl.config.schema import ReplayConfig
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.weight_history import WeightHistory
 
 # (model, trajectories) -> per-trajectory completion logprobs, no grad (the trainer's pass)
 LogprobsFn = Callable[[torch.nn.Module, Sequence[Trajectory]], list[Tensor]]
@@ -82,47 +84,38 @@ def trajectory_scores(trajs: Sequence[Trajectory], prox: Sequence[Tensor]) -> li
 
 
 class PolicySnapshots:
-    """Copies of the weights of the last ``keep`` versions, to score samples under each
+    """The weights of the last ``keep`` versions (a full-state
+    :class:`~relayrl.train.weight_history.WeightHistory`), to score samples under each
     recent behaviour policy (the balance heuristic): one forward pass per version, on a
-    scratch copy of the model. Memory: ``keep`` copies of the weights (small models)."""
+    scratch copy of the model."""
 
     def __init__(self, keep: int) -> None:
-        if keep < 1:
-            raise ValueError("keep must be >= 1")
-        self.keep = keep
-        self._states: dict[int, dict[str, Tensor]] = {}
+        self.history = WeightHistory(keep, full_state=True, purpose="the balance heuristic")
         self._scratch: torch.nn.Module | None = None
 
     @property
     def versions(self) -> list[int]:
-        return sorted(self._states)
+        return self.history.versions
 
     def store(self, version: int, model: torch.nn.Module) -> None:
-        """Remember ``model``'s weights as ``version``; forget versions older than the last
-        ``keep``."""
-        self._states[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        for old in [v for v in self._states if v <= version - self.keep]:
-            del self._states[old]
+        """Remember ``model``'s weights as ``version``."""
+        self.history.add(version, model)
 
     def logprobs(
         self, version: int, model: torch.nn.Module, trajs: Sequence[Trajectory], fn: LogprobsFn
     ) -> list[Tensor]:
         """Per-trajectory logprobs under the stored weights of ``version``."""
-        if version not in self._states:
-            raise KeyError(
-                f"no stored weights of version {version} (have {self.versions}); the balance "
-                "heuristic needs every behaviour version of the step"
-            )
+        state = self.history.weights(version)
         if self._scratch is None:
             self._scratch = copy.deepcopy(model).requires_grad_(False)
-        self._scratch.load_state_dict(self._states[version])
+        self._scratch.load_state_dict(state)
         return fn(self._scratch, trajs)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"keep": self.keep, "states": {str(v): s for v, s in self._states.items()}}
+        return self.history.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._states = {int(v): s for v, s in state["states"].items()}
+        self.history.load_state_dict(state)
 
 
 @dataclass

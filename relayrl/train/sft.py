@@ -17,7 +17,11 @@ from pathlib import Path
 import torch
 
 from relayrl.config.schema import RunConfig
-from relayrl.models.loading import encode_prompt, prefer_shape_agnostic_attention
+from relayrl.models.loading import (
+    encode_prompt,
+    prefer_shape_agnostic_attention,
+    quiet_libraries,
+)
 from relayrl.tasks.base import Problem, SyntheticTask
 
 IGNORE_INDEX = -100
@@ -196,6 +200,7 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
     from relayrl.tasks.registry import make_task
 
     torch.set_num_threads(config.runtime.threads)
+    quiet_libraries()  # no "Writing model shards" bar under the SFT progress bar
     task = make_task(config.task.name, config.task.params)
     from relayrl.config.loader import prepare_run_dir
 

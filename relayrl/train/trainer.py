@@ -51,7 +51,6 @@ import torch
 from relayrl.algo.losses import (
     engine_trainer_kl,
     entropy_from_logits,
-    loss_class,
     loss_normalizer,
     policy_drift,
     policy_loss,
@@ -67,8 +66,7 @@ from relayrl.metric_names import (
     TIME_UPDATE_S,
     TRAIN_TOKENS,
 )
-from relayrl.models.loading import prefer_shape_agnostic_attention
-from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
 from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
@@ -184,7 +182,6 @@ class RLTrainer:
 
     def __init__(self, model: torch.nn.Module, options: TrainerOptions, pad_id: int) -> None:
         self.model = model.train()
-        prefer_shape_agnostic_attention(next(model.parameters()).device)
         self.options = options
         self.pad_id = pad_id
         self.eta = options.eta
@@ -243,14 +240,13 @@ class RLTrainer:
     # ------------------------------------------------------------------ the step
     def check_staleness(self, trajs: Sequence[Trajectory]) -> list[int]:
         """Staleness of every trajectory; raises if any exceeds η (a controller bug)."""
-        stale = [t.staleness(self.version) for t in trajs]
-        worst = max(stale, default=0)
-        if worst > self.eta or min(stale, default=0) < 0:
+        try:
+            return check_staleness(trajs, self.version, self.eta)
+        except StalenessError as exc:
             raise AssertionError(
-                f"staleness bound violated: a sample of staleness {worst} reached trainer "
+                f"staleness bound violated: a sample of staleness {exc.worst} reached trainer "
                 f"version {self.version} with eta={self.eta}"
-            )
-        return stale
+            ) from exc
 
     def train_step(self, groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         """One PPO update on ``groups`` (lists of trajectories); returns statistics.
@@ -291,23 +287,9 @@ class RLTrainer:
         t_before = time.perf_counter() - t1
         if len(trajs) > len(fresh):  # D-ARL replays join the mini-batches
             parts = minibatch_slices(groups, len(trajs), self.options.ppo_minibatches)
-        total_tokens = sum(len(t.completion_ids) for t in trajs)
-        updates = []
-        for _ in range(self.options.ppo_epochs):
-            for part in parts:
-                # a batch-level normaliser (D-ARL) is shared out by the slice's token share
-                share = sum(len(trajs[i].completion_ids) for i in part) / max(total_tokens, 1)
-                updates.append(
-                    self._update(
-                        [trajs[i] for i in part],
-                        [prox[i] for i in part] if prox is not None else None,
-                        {k: [v[i] for i in part] for k, v in per_token.items()},
-                        None if normalizer is None else normalizer * share,
-                        whole,
-                        first_logprobs if not updates else None,
-                        fused_prox,
-                    )
-                )
+        updates = self._updates(
+            trajs, prox, per_token, normalizer, parts, whole, first_logprobs, fused_prox
+        )
         if fused_prox:
             prox = [first_logprobs[i] for i in range(len(trajs))]
             extra.update(engine_trainer_kl(behav, vers, prox, self.version))
@@ -337,6 +319,39 @@ class RLTrainer:
             }
         )
         return stats
+
+    def _updates(
+        self,
+        trajs: list[Trajectory],
+        prox: list[torch.Tensor] | None,
+        per_token: dict[str, list[torch.Tensor]],
+        normalizer: float | None,
+        parts: list[list[int]],
+        whole: list[_MicroBatch] | None,
+        first_logprobs: dict[int, torch.Tensor] | None,
+        fused_prox: bool,
+    ) -> list[tuple[dict[str, float], int]]:
+        """The step's AdamW steps: ``optim.ppo_epochs`` passes over the mini-batch slices
+        ``parts``; the first step fills ``first_logprobs`` (when a dict) with each
+        trajectory's logprobs from its own forward pass."""
+        total_tokens = sum(len(t.completion_ids) for t in trajs)
+        updates: list[tuple[dict[str, float], int]] = []
+        for _ in range(self.options.ppo_epochs):
+            for part in parts:
+                # a batch-level normaliser (D-ARL) is shared out by the slice's token share
+                share = sum(len(trajs[i].completion_ids) for i in part) / max(total_tokens, 1)
+                updates.append(
+                    self._update(
+                        [trajs[i] for i in part],
+                        [prox[i] for i in part] if prox is not None else None,
+                        {k: [v[i] for i in part] for k, v in per_token.items()},
+                        None if normalizer is None else normalizer * share,
+                        whole,
+                        first_logprobs if not updates else None,
+                        fused_prox,
+                    )
+                )
+        return updates
 
     def _update(
         self,
@@ -401,7 +416,7 @@ class RLTrainer:
         return len(parts) == 1 and self.replay is None and self.world_size == 1
 
     def _needs_prox(self) -> bool:
-        return loss_class(self.loss_cfg.loss).needs_prox
+        return self.loss_cfg.objective.needs_prox
 
     def _fuses_prox(self, parts: list[list[int]]) -> bool:
         """Whether π_prox comes from the update's own forward pass instead of a no-grad pass.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -118,7 +118,7 @@ def test_unknown_engine_is_one_error_line(tiny_model_dir, capsys):
     line = bad_server_error(
         tiny_model_dir, capsys, "--server-url", "http://127.0.0.1:1", "--engine", "sglang"
     )
-    assert line.startswith("error: --engine: unknown backend 'sglang'")
+    assert line.startswith("error: --engine: unknown rollout backend 'sglang'")
 
 
 def test_config_server_urls_and_model_path_are_used(serve, tiny_model_dir, tmp_path, capsys):

@@ -239,7 +239,7 @@ def trajectories(run_dir: Path) -> list[dict]:
 
 PARITY_RUN = (
     "import sys; from relayrl.config.loader import load_config; "
-    "from relayrl.train.rl import run_train; from tests.train.conftest import parity_grader; "
+    "from relayrl.train.run import run_train; from tests.train.conftest import parity_grader; "
     "run_train(load_config(sys.argv[1], sys.argv[2:]), grader=parity_grader)"
 )
 

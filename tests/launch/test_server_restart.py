@@ -22,7 +22,7 @@ from pathlib import Path
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.tasks.registry import make_task
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.launch._faulty import FAULT_DIR_ENV, faulty_grader
 from tests.train.conftest import rl_config
 from tests.train.test_train_failures import children_of, is_serve

@@ -305,7 +305,7 @@ def test_thread_mode_is_refused_for_vllm(tiny_model_dir):
 def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
     from relayrl.engine.engine import Engine
     from relayrl.engine.server import ServerThread, create_app
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     with Engine.from_pretrained(str(tiny_model_dir)) as engine:
         builtin = ServerThread(create_app(engine)).start()
@@ -318,7 +318,7 @@ def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
 
 def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
     """Last in the module: it leaves its own weights on the shared server."""
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     url, launcher = server
     result = run_train(short_run_config(tmp_path, tiny_model_dir, url))

@@ -18,7 +18,7 @@ from relayrl.report.build import (
     run_summary,
 )
 from relayrl.report.logs import load_run
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,7 @@ from relayrl.rollout.controller import (
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import per_item, per_request
 from relayrl.tasks.base import Problem
-from relayrl.train.rl import publish_interval
+from relayrl.train.run.publication import publish_interval
 
 
 @dataclass

@@ -79,7 +79,7 @@ RECORDED_OVERRIDES = ("rollout.eta=1", "train.dump_trajectories=true")
 def recorded_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A real 3-step asynchronous run (η = 1) recorded with full trajectories, default
     loggers (TensorBoard when installed); returns its run directory."""
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     tmp = tmp_path_factory.mktemp("recorded")
     run_train(rl_config(tmp, tiny_model_dir, *RECORDED_OVERRIDES), grader=parity_grader)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import rl_config
 
 STEPS = 3

@@ -14,7 +14,7 @@ from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.registry import make_task
 from relayrl.train.options import TrainerOptions
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from relayrl.train.trainer import RLTrainer
 from tests.train.conftest import parity_grader, rl_config
 

@@ -17,7 +17,8 @@ from relayrl.eval.remote import RemoteEngine
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.tasks.registry import make_task
 from relayrl.train.loop import evaluate_model
-from relayrl.train.rl import TIME_EVAL_PUBLISH_S, run_train
+from relayrl.train.run import run_train
+from relayrl.train.run.live import TIME_EVAL_PUBLISH_S
 from tests.launch.test_server_restart import serve_pids
 from tests.train.conftest import parity_grader, rl_config
 

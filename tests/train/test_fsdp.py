@@ -30,7 +30,7 @@ import torch
 from relayrl.algo.microbatch import rank_micro_batches, split_over_ranks
 from relayrl.cli import main
 from relayrl.errors import RelayError
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import rl_config
 
 GRAD_RTOL = 1e-5

@@ -7,7 +7,7 @@ import json
 import time
 
 from relayrl.config.loader import load_config
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import QUICK_TASK, base_pass_at_1
 
 EVAL_PROBLEMS = 150

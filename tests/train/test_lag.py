@@ -11,8 +11,9 @@ import torch
 
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model
-from relayrl.train.lag import WeightHistory, lag_of_step
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
+from relayrl.train.run.lagged import lag_of_step
+from relayrl.train.weight_history import WeightHistory
 from tests.train.conftest import parity_grader, rl_config
 from tests.train.test_equivalence import reference_run
 

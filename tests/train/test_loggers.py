@@ -15,7 +15,7 @@ from relayrl.train.loggers import (
     resolve_loggers,
     wandb_mode,
 )
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import rl_config
 
 

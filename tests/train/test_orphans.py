@@ -12,7 +12,7 @@ from pathlib import Path
 
 from relayrl.config.loader import load_config
 from relayrl.train.resume import remove_orphaned_dirs
-from relayrl.train.rl import weights_root
+from relayrl.train.run.publication import weights_root
 
 PREFIX = "relayrl-run-weights-"
 

@@ -14,7 +14,7 @@ from relayrl.cli import main
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model
 from relayrl.report.logs import read_jsonl
-from relayrl.train.replay_dump import (
+from relayrl.train.run.recorded import (
     check_staleness,
     load_recorded_steps,
     replay_config,

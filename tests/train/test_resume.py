@@ -15,7 +15,7 @@ from relayrl.config.loader import prepare_run_dir
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model
 from relayrl.train.resume import begin_run, resume_config, truncate_logs
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from relayrl.train.trainer import RLTrainer
 from tests.train.conftest import parity_grader, rl_config
 

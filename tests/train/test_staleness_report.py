@@ -7,7 +7,7 @@ from pathlib import Path
 
 from relayrl.cli.train import result_lines
 from relayrl.train.metrics import realised_staleness
-from relayrl.train.rl import TrainResult
+from relayrl.train.run import TrainResult
 
 
 def _write(path: Path, rows: list[dict]) -> None:

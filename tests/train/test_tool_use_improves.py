@@ -13,7 +13,7 @@ from relayrl.config.loader import load_config
 from relayrl.models.loading import load_model, load_tokenizer
 from relayrl.tasks.registry import make_task
 from relayrl.train.loop import evaluate_model
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tool_use.yaml"
 EVAL_PROBLEMS = 100

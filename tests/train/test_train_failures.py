@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.errors import RelayError
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.train.conftest import rl_config
 
 

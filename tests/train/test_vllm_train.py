@@ -24,7 +24,7 @@ import pytest
 
 from relayrl.config.loader import load_config
 from relayrl.launch.supervisor import ServerSupervisor
-from relayrl.train.rl import run_train
+from relayrl.train.run import run_train
 from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same skip)
     MAX_MEAN_K3,
     VLLM_PYTHON,

@@ -232,6 +232,43 @@ def write_markdown(
         "",
         "D-ARL here is relayrl's reading of the paper (docs/darl.md), not the authors' code.",
         "",
+        *_setting(budget, base, target_text),
+        "## 1. Final pass@1 over the staleness bound η (AReaL Table 2 shape)",
+        "",
+        *table_eta(cells, budget.etas, budget.over_eta),
+        "",
+        "## 2. D-ARL against the baselines",
+        "",
+        *table_darl(cells, budget.darl_etas, target, budget.compared),
+        "",
+        *(
+            [
+                "## 3. Which part of D-ARL does it (one part switched off)",
+                "",
+                *table_ablation(cells, budget.ablation_etas),
+                "",
+            ]
+            if budget.ablation_etas
+            else []
+        ),
+        "## What the numbers say",
+        "",
+        *(findings(cells, budget) or ["- Not enough cells to compare."]),
+        "",
+        f"![staleness]({path.with_suffix('.png').name})",
+        "",
+        "Per-cell numbers (curves, staleness, times) are in the experiment's `cells/*.json`.",
+        "",
+        "What these numbers mean (and do not): "
+        "[docs/darl.md](../darl.md#results-of-the-staleness-experiment).",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def _setting(budget: Budget, base: dict[str, Any], target_text: str) -> list[str]:
+    """The report's "Setting" section: the base, the budget, the methods, the measures."""
+    return [
         "## Setting",
         "",
         f"- Base: SFT model `{base['model']}` (pass@1 {base.get('pass', 'n/a')} after SFT), "
@@ -264,37 +301,7 @@ def write_markdown(
         "- Realised staleness is the mean over steps of the trained samples' mean staleness: "
         "η is only a bound; how far generation runs ahead of training sets the actual value.",
         "",
-        "## 1. Final pass@1 over the staleness bound η (AReaL Table 2 shape)",
-        "",
-        *table_eta(cells, budget.etas, budget.over_eta),
-        "",
-        "## 2. D-ARL against the baselines",
-        "",
-        *table_darl(cells, budget.darl_etas, target, budget.compared),
-        "",
-        *(
-            [
-                "## 3. Which part of D-ARL does it (one part switched off)",
-                "",
-                *table_ablation(cells, budget.ablation_etas),
-                "",
-            ]
-            if budget.ablation_etas
-            else []
-        ),
-        "## What the numbers say",
-        "",
-        *(findings(cells, budget) or ["- Not enough cells to compare."]),
-        "",
-        f"![staleness]({path.with_suffix('.png').name})",
-        "",
-        "Per-cell numbers (curves, staleness, times) are in the experiment's `cells/*.json`.",
-        "",
-        "What these numbers mean (and do not): "
-        "[docs/darl.md](../darl.md#results-of-the-staleness-experiment).",
-        "",
     ]
-    path.write_text("\n".join(lines))
 
 
 def write_plot(path: Path, results: Sequence[CellResult], budget: Budget) -> None:

@@ -102,7 +102,7 @@ def _step_mean(steps: list[dict[str, Any]], key: str) -> float | None:
 
 
 def run_cell(cell: Cell, budget: Budget, model_dir: Path, out: Path) -> CellResult:
-    from relayrl.train.rl import run_train
+    from relayrl.train.run import run_train
 
     config = cell_config(cell, budget, model_dir, out / "runs")
     run_train(config, progress=False)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.metric_names import FINAL, STEP
 from relayrl.train.checkpoint import Checkpoint, CheckpointStore
@@ -27,7 +28,7 @@ from relayrl.train.checkpoint import Checkpoint, CheckpointStore
 SUMMARY = "train_summary.json"
 
 
-def begin_run(run_dir: Path, config: Any, resume: bool) -> Checkpoint | None:
+def begin_run(run_dir: Path, config: RunConfig, resume: bool) -> Checkpoint | None:
     """Prepare ``run_dir`` for training; returns the checkpoint to continue from, if any.
 
     Fresh start: checkpoints and the summary of an earlier run under this name are removed

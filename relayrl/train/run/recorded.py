@@ -1,48 +1,42 @@
-"""Train-only replay of a recorded run: ``relayrl train --replay-from RUN_DIR CONFIG``.
+"""A recorded run's batch source: ``relayrl train --replay-from RUN_DIR CONFIG``.
 
 A run recorded with ``train.dump_trajectories: true`` holds every trained trajectory in full
 in ``samples.jsonl`` (``Trajectory.to_dict``: token ids, behaviour logprobs, versions,
 reward, advantage), one row per sample in training order. This module reads them back —
 grouped by step, and by group within a step, in the order they were trained — and feeds
-them, as a :class:`RecordedBatches` source, to the training loop live runs use
-(:class:`~relayrl.train.loop.TrainingLoop`): no rollout server, no grading pool; the
+them, as a :class:`RecordedSource`, to the training loop live runs use, built by the same
+:class:`~relayrl.train.run.setup.RunSetup`: no rollout server, no grading pool; the
 recorded rewards and advantages are used as they are (the rollout controller computed them
 over each batch; the trainer only consumes them). With the recorded config and starting
-weights the updates are the recorded run's, bit for bit
-(tests/train/test_replay.py); change ``algo.*`` or ``optim.*`` to compare objectives on
-identical data.
+weights the updates are the recorded run's, bit for bit (tests/train/test_replay.py); change
+``algo.*`` or ``optim.*`` to compare objectives on identical data.
 
 Only complete steps are replayed: a step counts when ``metrics.jsonl`` has its row (a run
 killed mid-step leaves a partial last step, which is dropped).
 
-Owns: :class:`RecordedStep`, :func:`load_recorded_steps`, :class:`RecordedBatches`,
+Owns: :class:`RecordedStep`, :func:`load_recorded_steps`, :class:`RecordedSource`,
 :func:`run_replay`.
-Imports: config, errors, the run-log reader of relayrl.report, the Trajectory record,
-models, tasks, the trainer, the run logger, the training loop and rl.py's TrainResult.
+Imports: config, errors, the run-log reader of relayrl.report, the Trajectory record, the
+staleness bound of relayrl.rollout, the loggers' check, the process settings and the run
+package's setup.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
-from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.report.logs import numbered_jsonl, read_jsonl
-from relayrl.rollout.trajectory import Trajectory
+from relayrl.rollout.trajectory import StalenessError, Trajectory
+from relayrl.rollout.trajectory import check_staleness as check_bound
 from relayrl.train.loggers import check_loggers
-from relayrl.train.loop import TrainingLoop
-from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
-from relayrl.train.options import TrainerOptions
-from relayrl.train.rl import TrainResult
-from relayrl.train.trainer import RLTrainer
+from relayrl.train.run.process import process_settings
+from relayrl.train.run.setup import RunSetup, TrainResult, with_progress
 
 NOT_DUMPED = (
     "has no 'trajectory' field: the run was recorded without train.dump_trajectories=true, "
@@ -106,13 +100,14 @@ def load_recorded_steps(run_dir: str | Path) -> list[RecordedStep]:
 def check_staleness(steps: list[RecordedStep], eta: int) -> None:
     """Every recorded sample must be within ``rollout.eta`` of the step that trains it."""
     for rec in steps:
-        worst = max(t.staleness(rec.step) for t in rec.trajectories)
-        if worst > eta:
+        try:
+            check_bound(rec.trajectories, rec.step, eta)
+        except StalenessError as exc:
             raise RelayError(
-                f"recorded step {rec.step + 1} trains a sample of staleness {worst}, above "
-                f"rollout.eta={eta}: replay with rollout.eta={worst} or more (the recorded "
+                f"recorded step {rec.step + 1} trains a sample of staleness {exc.worst}, above "
+                f"rollout.eta={eta}: replay with rollout.eta={exc.worst} or more (the recorded "
                 "run's value)"
-            )
+            ) from None
 
 
 def replay_config(config: RunConfig, source: Path) -> RunConfig:
@@ -151,8 +146,8 @@ def config_differences(config: RunConfig, source: Path) -> list[str]:
     return out
 
 
-class RecordedBatches:
-    """A :class:`~relayrl.train.loop.BatchSource` over a recorded run's steps: nothing to
+class RecordedSource:
+    """The :class:`~relayrl.train.loop.BatchSource` over a recorded run's steps: nothing to
     publish, no servers to count."""
 
     def __init__(self, steps: list[RecordedStep]) -> None:
@@ -171,66 +166,34 @@ class RecordedBatches:
         return {}
 
 
-def _replay_loop(config: RunConfig, run_dir: Path, total_steps: int) -> TrainingLoop:
-    """The trainer (as ``run_train`` builds it), logger and held-out problems of a replay.
-    A replay has no rollout servers: it evaluates in this process whatever ``eval.backend``
-    says (with the same seed, what the built-in servers' evaluation gives, docs/engine.md)."""
-    from relayrl.models.loading import load_model, load_tokenizer
-    from relayrl.tasks.registry import make_task
-
-    model_dir = Path(str(config.model.path))
-    tokenizer = load_tokenizer(model_dir)
-    torch.manual_seed(config.seed)  # as run_train does before loading the model
-    model = load_model(model_dir, config.model.device, config.model.dtype)
-    trainer = RLTrainer(model, TrainerOptions.from_config(config), pad_id=tokenizer.pad_token_id)
-    task = make_task(config.task.name, config.task.params)
-    test = task.problems("test", config.eval.num_problems, config.task.seed)
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    logger = RunLogger.from_config(run_dir, config, decode)
-    periodic = test[: config.train.eval_problems]
-    return TrainingLoop(config, trainer, tokenizer, logger, periodic, test, total_steps)
-
-
 def run_replay(config: RunConfig, source: str | Path, progress: bool | None = None) -> TrainResult:
     """Train on the trajectories recorded in ``source``; see the module docstring.
 
     Replays ``min(train.total_steps, recorded steps)`` steps and writes its own run
-    directory (``<output_dir>/<name>``, or ``<name>-replay`` when that is ``source``).
+    directory (``<output_dir>/<name>``, or ``<name>-replay`` when that is ``source``). A
+    replay has no rollout servers: it evaluates in this process whatever ``eval.backend``
+    says (with the same seed, what the built-in servers' evaluation gives, docs/engine.md).
     """
     from relayrl.config.loader import prepare_run_dir
 
     source = Path(source)
-    if progress is not None:
-        config = config.model_copy(
-            update={"train": config.train.model_copy(update={"progress": progress})}
-        )
+    config = with_progress(config, progress)
     steps = load_recorded_steps(source)[: config.train.total_steps]
     config = replay_config(config, source)
     check_staleness(steps, config.rollout.eta)
     check_loggers(config)
     for line in config_differences(config, source):
         print(f"replay differs from the recorded run: {line}", flush=True)
-    torch.set_num_threads(config.train.trainer_threads)
-    run_dir = prepare_run_dir(config)
-    replay = _replay_loop(config, run_dir, len(steps))
-    start = time.perf_counter()
-    try:
-        final = asyncio.run(replay.run(RecordedBatches(steps)))
-    finally:
-        replay.logger.close()
-    seconds = time.perf_counter() - start
-    if config.train.save_final:
-        out = run_dir / "final_model"
-        replay.trainer.model.save_pretrained(out)
-        replay.tokenizer.save_pretrained(out)
+    with process_settings(config):
+        run_dir = prepare_run_dir(config)
+        setup = RunSetup.build(
+            config, run_dir, Path(str(config.model.path)), total_steps=len(steps)
+        )
+        start = time.perf_counter()
+        try:
+            final = asyncio.run(setup.training.run(RecordedSource(steps)))
+        finally:
+            setup.close()
+        seconds = time.perf_counter() - start
     summary = {"replay_from": str(source), "steps": len(steps)}
-    summary["final_pass@1"] = final[EVAL_PASS_AT_1] if final else None
-    summary.update(realised_staleness(run_dir / "metrics.jsonl"))
-    summary.update(drift_summary(run_dir / "metrics.jsonl"))
-    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    return TrainResult(
-        run_dir, len(steps), summary["final_pass@1"], replay.evals, seconds, summary, replay.reports
-    )
+    return setup.finish(setup.result(final, seconds, summary))

@@ -1,0 +1,97 @@
+"""`relayrl train`: the asynchronous RL job (rollout servers + controller + trainer), or its
+lag emulation, composed from one :class:`~relayrl.train.run.setup.RunSetup` and a batch
+source.
+
+Owns: :func:`run_train`. A live run (``rollout.lag: async``) starts the backend's rollout
+servers and trains on :class:`~relayrl.train.run.live.LiveSource`; lag emulation
+(``rollout.lag: fixed | uniform``) starts none and trains on
+:class:`~relayrl.train.run.lagged.LaggedSource`. Both grade in a
+:class:`~relayrl.rewards.pool.GradingPool`. With ``train.world_size`` N > 1 the trainer is
+rank 0 of N data-parallel ranks (``relayrl.train.distributed``), with the same interface.
+
+Imports: config, errors, the launch layer's backends, the rewards pool, the loggers' and
+ranks' checks, relayrl.train.resume (run start) and the run package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+
+from relayrl.config.schema import RunConfig
+from relayrl.errors import RelayError
+from relayrl.launch.backends import make_backend
+from relayrl.rewards.pool import Grader, GradingPool
+from relayrl.train.distributed import check_trainer_ranks
+from relayrl.train.loggers import check_loggers
+from relayrl.train.resume import begin_run
+from relayrl.train.run.lagged import LaggedSource
+from relayrl.train.run.live import LiveSource
+from relayrl.train.run.process import process_settings
+from relayrl.train.run.publication import weights_root
+from relayrl.train.run.setup import (
+    RunSetup,
+    TrainResult,
+    resolve_model_dir,
+    train_problems,
+    with_progress,
+)
+
+
+def run_train(
+    config: RunConfig,
+    progress: bool | None = None,
+    grader: Grader | None = None,
+    resume: bool = False,
+) -> TrainResult:
+    """The `relayrl train` job; see the module docstring. Returns the final evaluation.
+
+    ``grader(problem, completion) -> reward`` replaces the task's verifier for training
+    rewards (a module-level function: it runs in spawned grading processes). ``resume``:
+    continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
+    ``relayrl.train.resume.resume_config`` for loading that run's config).
+    """
+    from relayrl.config.loader import prepare_run_dir
+
+    config = with_progress(config, progress)
+    lagged = config.rollout.lag != "async"  # lag emulation: no rollout server
+    if lagged and resume:
+        raise RelayError(
+            f"rollout.lag={config.rollout.lag} runs cannot be resumed: the weight snapshots "
+            "they generate from are kept in memory only; start the run again"
+        )
+    model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
+    run_dir = prepare_run_dir(config)
+    checkpoint = begin_run(run_dir, config, resume)
+    if config.rollout.dataset:  # fail on a bad dataset before starting any process
+        train_problems(config, None)
+    check_loggers(config)  # and on a logger whose package is missing
+    check_trainer_ranks(config)  # and on a world size this machine cannot run
+    backend = make_backend(config, model_dir)
+    launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
+    with contextlib.ExitStack() as teardown:  # in reverse: weights, setup, servers, pool
+        pool = GradingPool(
+            config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
+        )
+        teardown.callback(pool.close)
+        if launcher is not None:
+            teardown.callback(launcher.stop)
+        teardown.enter_context(process_settings(config))
+        if launcher is None:
+            setup = RunSetup.build(config, run_dir, model_dir)
+            teardown.callback(setup.close)
+            result = asyncio.run(LaggedSource(setup, pool, backend).train())
+        else:
+            urls = launcher.start()
+            setup = RunSetup.build(config, run_dir, model_dir, append=checkpoint is not None)
+            teardown.callback(setup.close)
+            weights = weights_root(config, run_dir)
+            teardown.callback(shutil.rmtree, weights, ignore_errors=True)
+
+            async def live() -> TrainResult:
+                source = await LiveSource.connect(setup, pool, launcher, backend, urls, weights)
+                return await source.train(checkpoint)
+
+            result = asyncio.run(live())
+    return setup.finish(result)
