@@ -6,6 +6,13 @@ same ``key`` always goes to the same server), broadcasting of pause / continue /
 updates to every server, *resubmission after abort*, and batched generation of a whole group
 in one HTTP exchange (:meth:`RolloutClient.generate_many`).
 
+Two connection pools: generation requests share one (``max_connections``), control requests
+(pause, resume, weight loads, health, info) have their own. A generation request sent to a
+paused server holds its connection until the server resumes; with one shared pool, enough of
+them (an asynchronous vLLM run keeps 2·B·n = 256 in flight, one per sample) left the resume,
+or the load before it, waiting for a connection that only the resume would free: a
+publication hung with the server paused and no error (issue 35).
+
 Transport: plain ``http://`` servers go through :class:`relayrl.engine.http.FastHTTP` (O(1)
 Python work per request; httpx's pool is O(connections²) per request, which with hundreds of
 requests in flight starved the trainer of the GIL); other schemes through httpx.
@@ -49,6 +56,7 @@ RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError
 # the same failures on the asyncio transport (engine/http.py) used for plain http://
 FAST_RETRYABLE = (ConnectError, ConnectionError, asyncio.IncompleteReadError)
 MAX_STICKY_KEYS = 100_000
+CONTROL_CONNECTIONS = 32  # the control pool's size (pause, resume, loads, health, info)
 Recover = Callable[[str], Awaitable[str]]
 
 
@@ -159,6 +167,13 @@ class RolloutClient:
             limits=httpx.Limits(max_connections=max_connections),
         )
         self._fast = FastHTTP(headers, timeout, connect_timeout, max_connections)
+        # control requests never wait for a connection behind generation (module docstring)
+        self._http_control = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=CONTROL_CONNECTIONS),
+        )
+        self._fast_control = FastHTTP(headers, timeout, connect_timeout, CONTROL_CONNECTIONS)
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_resubmits = max_resubmits
@@ -177,7 +192,9 @@ class RolloutClient:
 
     async def close(self) -> None:
         await self._fast.aclose()
+        await self._fast_control.aclose()
         await self._http.aclose()
+        await self._http_control.aclose()
 
     # ------------------------------------------------------------------ routing
     def server_for(self, key: str | None = None) -> str:
@@ -202,10 +219,18 @@ class RolloutClient:
             if url == old:
                 self._sticky[key] = new
 
-    async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
-        """One HTTP call with retries on connection errors; raises RolloutServerError."""
+    async def _request(
+        self, method: str, url: str, path: str, json: Any = None, generation: bool = False
+    ) -> Any:
+        """One HTTP call with retries on connection errors; raises RolloutServerError.
+        ``generation``: a generate call (the generation pool), else a control call (the
+        control pool; see the module docstring)."""
         fast = FastHTTP.supports(url)
-        send = self._send_fast if fast else self._send_httpx
+        if fast:
+            http = self._fast if generation else self._fast_control
+            send: Callable[..., Awaitable[tuple[int, bytes]]] = http.request
+        else:
+            send = self._send_httpx if generation else self._send_httpx_control
         retryable = FAST_RETRYABLE if fast else RETRYABLE
         timeouts = asyncio.TimeoutError if fast else httpx.TimeoutException
         last: Exception | None = None
@@ -231,8 +256,11 @@ class RolloutClient:
         response = await self._http.request(method, url + path, json=json)
         return response.status_code, response.content
 
-    async def _send_fast(self, method: str, url: str, path: str, json: Any) -> tuple[int, bytes]:
-        return await self._fast.request(method, url, path, json)
+    async def _send_httpx_control(
+        self, method: str, url: str, path: str, json: Any
+    ) -> tuple[int, bytes]:
+        response = await self._http_control.request(method, url + path, json=json)
+        return response.status_code, response.content
 
     async def _broadcast(
         self, path: str, json: Any = None, urls: list[str] | None = None
@@ -317,7 +345,7 @@ class RolloutClient:
         url = url or self.server_for(key)
         body = self.generate_body(input_ids, sampling_params)
         return self.parse_generation(
-            url, await self._request("POST", url, self.GENERATE_PATH, body)
+            url, await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
         )
 
     # the wire protocol of one generation (SGLang's native /generate; see VLLMClient), and
@@ -359,7 +387,7 @@ class RolloutClient:
             "return_logprob": True,
         }
         try:
-            answers = await self._request("POST", url, "/generate", body)
+            answers = await self._request("POST", url, "/generate", body, generation=True)
         except RolloutServerError as exc:
             if not exc.unreachable or self.recover is None:
                 raise

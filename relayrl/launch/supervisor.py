@@ -218,6 +218,8 @@ class ServerSupervisor:
                 while True:
                     try:
                         await self.publisher.load(self.client, snapshot, self.publish_mode)
+                        if snapshot.path is not None:  # e.g. written by a broadcast fallback
+                            self.latest = (snapshot.path, version)
                         return
                     except RolloutServerError as exc:
                         if not exc.unreachable:

@@ -78,6 +78,8 @@ from relayrl.train.resume import (
 
 # the seconds an evaluation on the servers waited for the trainer's weights to be published
 TIME_EVAL_PUBLISH_S = "time_eval_publish_s"
+# how long the run, ending, waits for a cancelled publication to leave the servers resumed
+EXIT_PUBLICATION_WAIT_S = 30.0
 
 # engine counters summed over the servers into the final metrics row (``server_<name>``):
 # how much prefill the weight updates cost (KV recomputed for retracted requests)
@@ -281,12 +283,23 @@ class _Job:
         if self.supervisor.latest is not None:  # keep the newest disk snapshot (restarts)
             remove_older_snapshots(self.weights, self.supervisor.latest[1])
 
-    async def _finish_publication(self) -> None:
+    async def _finish_publication(self, timeout: float | None = None) -> None:
         """Wait for the publication in flight, if any (its error already reached the
-        controller, which raises it from ``next_batch``)."""
+        controller, which raises it from ``next_batch``); at most ``timeout`` seconds (the
+        run ending: a cancelled publication that does not end in time is left behind)."""
         task, self._publication = self._publication, None
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+        if task is None:
+            return
+        await asyncio.wait({task}, timeout=timeout)
+        if not task.done():
+            print(
+                f"warning: publication {task.get_name()} did not end within {timeout:g}s "
+                "of the run ending; left behind",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif not task.cancelled():
+            task.exception()  # retrieved: reported through the controller
 
     async def _resume(self, controller: RolloutController) -> int:
         """Restore the checkpoint being resumed (if any) and publish its weights to the
@@ -422,7 +435,7 @@ class _Job:
             watch.cancel()
             if self._publication is not None:
                 self._publication.cancel()
-            await self._finish_publication()
+            await self._finish_publication(timeout=EXIT_PUBLICATION_WAIT_S)
             await controller.stop()
             self.publisher.close()
             await client.close()

@@ -120,6 +120,45 @@ def test_broadcast_gives_every_server_the_trainers_weights(servers, tiny_model_d
         assert asyncio.run(generations(url)) == reference
 
 
+class WrongGroupClient(RolloutClient):
+    """Names a group the server at ``bad`` never joined when asking it to receive: the
+    server answers 400 and the broadcast fails on it (a server that fails a publication
+    while still answering)."""
+
+    bad = ""
+
+    async def update_weights_from_distributed(self, url, body):
+        if url == self.bad:
+            body = dict(body, group_name="relayrl-w999")
+        return await super().update_weights_from_distributed(url, body)
+
+
+def test_a_failed_broadcast_falls_back_to_the_disk_snapshot(servers, tiny_model_dir, tmp_path):
+    """Issue 35: a broadcast that fails on a server that still answers does not end the
+    publication: the held weights are written to disk and the failed server loads them."""
+    trainer = ModelSource(perturbed(tiny_model_dir, seed=4))
+    publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1000)
+
+    async def main():
+        async with WrongGroupClient(servers.urls, timeout=60) as client:
+            first = publisher.snapshot(trainer, tmp_path, 1)  # the first: disk too
+            await publisher.load(client, first, "retract")
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.mul_(1.01)
+            second = publisher.snapshot(trainer, tmp_path, 2)  # broadcast only
+            assert second.path is None
+            client.bad = servers.urls[1]
+            await publisher.load(client, second, "retract")
+            publisher.close()
+            return second, await checksums(client)
+
+    second, after = asyncio.run(main())
+    expected = weights_checksum(trainer.model.named_parameters())
+    assert after == [(expected, 2), (expected, 2)]
+    assert second.path == tmp_path / "v2" and publisher.fallbacks == 1
+
+
 def test_a_server_that_never_joins_fails_formation_within_the_deadline(
     servers, tiny_model_dir, tmp_path
 ):
