@@ -99,6 +99,15 @@ class ServingInfo:
     weight_version: int
 
 
+@dataclass(frozen=True)
+class WeightsReport:
+    """What a server says it serves after a publication: the version its new tokens carry
+    and the checksum of the weights it loaded (``weights_checksum``; None: not reported)."""
+
+    version: int
+    checksum: str | None
+
+
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
     """Seed of a resubmitted request: a fixed function of the original seed and progress."""
     if seed is None:
@@ -292,16 +301,23 @@ class RolloutClient:
             await asyncio.gather(*(self._request("GET", u, "/get_server_info") for u in self.urls))
         )
 
-    async def pause(self, mode: str = "abort") -> list[Any]:
-        """Pause every server; requests aborted by it are resubmitted after ``continue``."""
+    async def pause(self, mode: str = "abort", urls: list[str] | None = None) -> list[Any]:
+        """Pause every server (or ``urls``); requests aborted by it are resubmitted after
+        ``continue``."""
         self._resumed.clear()
-        return await self._broadcast("/pause_generation", {"mode": mode})
+        return await self._broadcast("/pause_generation", {"mode": mode}, urls)
 
-    async def continue_generation(self) -> list[Any]:
+    async def continue_generation(self, urls: list[str] | None = None) -> list[Any]:
         try:
-            return await self._broadcast("/continue_generation")
+            return await self._broadcast("/continue_generation", urls=urls)
         finally:
             self._resumed.set()
+
+    async def weights_report(self, url: str) -> WeightsReport:
+        """What the server at ``url`` serves: its weight version and the checksum of its
+        weights (``/weights_checksum``, computed over the model's own parameters)."""
+        data = await self._request("GET", url, "/weights_checksum")
+        return WeightsReport(int(data.get("weight_version") or 0), data.get("checksum"))
 
     async def update_weights(
         self,

@@ -89,11 +89,13 @@ class WeightSource(Protocol):
 @dataclass
 class Snapshot:
     """One publication. ``path``: the disk snapshot written for it (None: broadcast only);
-    ``state``: a CPU copy of the weights to broadcast (None: disk only)."""
+    ``state``: a CPU copy of the weights to broadcast (None: disk only); ``checksum``: the
+    published weights' ``weights_checksum`` (None: not verified)."""
 
     version: int
     path: Path | None = None
     state: Mapping[str, torch.Tensor] | None = None
+    checksum: str | None = None
 
 
 def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

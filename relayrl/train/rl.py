@@ -54,7 +54,8 @@ from relayrl.errors import RelayError
 from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend, make_backend
-from relayrl.launch.publish import Snapshot, make_publisher
+from relayrl.launch.publication import Deadlines, Publication, remove_older_snapshots
+from relayrl.launch.publish import make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S, SERVERS
 from relayrl.rewards.pool import Grader
@@ -120,15 +121,7 @@ def publish_interval(publish_every: int, eta: int) -> int:
     return max(1, min(publish_every, eta + 1))
 
 
-def remove_older_snapshots(root: Path, version: int) -> list[Path]:
-    """Delete the published weight snapshots ``root/v<k>`` with ``k < version`` (the servers
-    have loaded ``version``); nothing else under ``root`` is touched. Returns what went."""
-    removed = []
-    for old in root.glob("v*"):
-        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < version:
-            shutil.rmtree(old, ignore_errors=True)
-            removed.append(old)
-    return sorted(removed)
+__all__ = ["TrainResult", "publish_interval", "remove_older_snapshots", "run_train"]
 
 
 def train_problems(config: RunConfig, task) -> list[Problem]:
@@ -228,10 +221,7 @@ class _Job:
             config.train.total_steps,
         )
         self.supervisor: ServerSupervisor | None = None
-        self._publication: asyncio.Task | None = None
-        self.publish_seconds = 0.0  # how long the last finished publication took
-        self.publications = 0
-        self.publish_total_s = 0.0
+        self.publication: Publication | None = None  # owns the published version
 
     # ------------------------------------------------------------------ pieces
     def make_controller(
@@ -252,54 +242,17 @@ class _Job:
         )
 
     async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
-        """Snapshot the trainer's weights and load them into the servers in the background
-        (after the previous publication, so versions arrive in order); returns the seconds
-        the trainer was held: the snapshot, plus the previous publication if it is still
-        loading. The controller's admission bound moves up when the servers have loaded."""
-        start = time.perf_counter()
-        await self._finish_publication()
-        version = self.trainer.version
-        snapshot = await asyncio.to_thread(
-            self.publisher.snapshot, self.trainer, self.weights, version
-        )  # train.weight_transport: a disk snapshot, a CPU copy to broadcast, or both
-        self._publication = asyncio.create_task(
-            self._load_into_servers(snapshot, controller), name=f"publish-v{version}"
-        )
-        if wait:
-            await self._finish_publication()
-        return time.perf_counter() - start
-
-    async def _load_into_servers(self, snapshot: Snapshot, controller: RolloutController) -> None:
-        start, version = time.perf_counter(), snapshot.version
-        try:
-            await self.supervisor.publish(snapshot.path, version, snapshot.state)
-        except Exception as exc:  # the trainer learns of it from its next batch
-            controller.fail(exc)
-            raise
-        controller.set_published_version(version)
-        self.publish_seconds = time.perf_counter() - start
-        self.publications += 1
-        self.publish_total_s += self.publish_seconds
-        if self.supervisor.latest is not None:  # keep the newest disk snapshot (restarts)
-            remove_older_snapshots(self.weights, self.supervisor.latest[1])
+        """Hand the trainer's weights to the publication (``relayrl.launch.publication``:
+        snapshot now, the servers load it in the background; ``wait``: until they have);
+        returns the seconds the trainer was held."""
+        assert self.publication is not None
+        return await self.publication.submit(self.trainer, self.trainer.version, wait)
 
     async def _finish_publication(self, timeout: float | None = None) -> None:
         """Wait for the publication in flight, if any (its error already reached the
-        controller, which raises it from ``next_batch``); at most ``timeout`` seconds (the
-        run ending: a cancelled publication that does not end in time is left behind)."""
-        task, self._publication = self._publication, None
-        if task is None:
-            return
-        await asyncio.wait({task}, timeout=timeout)
-        if not task.done():
-            print(
-                f"warning: publication {task.get_name()} did not end within {timeout:g}s "
-                "of the run ending; left behind",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif not task.cancelled():
-            task.exception()  # retrieved: reported through the controller
+        controller, which raises it from ``next_batch``)."""
+        if self.publication is not None:
+            await self.publication.finish(timeout)
 
     async def _resume(self, controller: RolloutController) -> int:
         """Restore the checkpoint being resumed (if any) and publish its weights to the
@@ -405,6 +358,8 @@ class _Job:
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
             self.publisher,
+            Deadlines(cfg.train.publish_step_timeout_s, cfg.train.publish_timeout_s),
+            cfg.train.publish_verify,
         )
         self.controller = controller = self.make_controller(
             # one HTTP exchange per group (its n samples as one batched /generate)
@@ -412,6 +367,7 @@ class _Job:
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
+        self.publication = Publication(self.supervisor, self.publisher, self.weights, controller)
         if cfg.eval.backend == "servers":
             self.training.evaluator = self.evaluate_on_servers
         first = await self._resume(controller)
@@ -433,9 +389,7 @@ class _Job:
         finally:
             stop.uninstall()
             watch.cancel()
-            if self._publication is not None:
-                self._publication.cancel()
-            await self._finish_publication(timeout=EXIT_PUBLICATION_WAIT_S)
+            await self.publication.close(EXIT_PUBLICATION_WAIT_S)
             await controller.stop()
             self.publisher.close()
             await client.close()
@@ -443,8 +397,8 @@ class _Job:
             final,
             time.perf_counter() - start,
             rollout_engine=cfg.rollout.engine,
-            publications=self.publications,
-            publish_latency_mean_s=self.publish_total_s / max(self.publications, 1),
+            publications=self.publication.count,
+            publish_latency_mean_s=self.publication.total_seconds / max(self.publication.count, 1),
             weight_transport=self.publisher.name,
             **self.publisher.stats(),
             **self.supervisor.stats(),  # the run's restarts, the final evaluation's included
@@ -484,7 +438,8 @@ class _Job:
         t_sync = 0.0
         if not last_step and trainer_version - self.controller.published_version >= self.interval:
             t_sync = await self._publish(self.controller)
-        metrics: dict[str, Any] = {"time_sync_s": t_sync, PUBLISH_LATENCY_S: self.publish_seconds}
+        latency = self.publication.last_seconds if self.publication else 0.0
+        metrics: dict[str, Any] = {"time_sync_s": t_sync, PUBLISH_LATENCY_S: latency}
         metrics.update(self.rollout_counters())
         return metrics
 
