@@ -363,6 +363,16 @@ class TrainConfig(Section):
         description="after loading, each server reports the version it serves and the "
         "checksum of the weights it loaded; a mismatch with the trainer's fails the run",
     )
+    publish_canary_every: int = Field(
+        10,
+        ge=0,
+        description="the publication canary (a fixed prompt's token logprobs on each server "
+        "against the trainer's for the same weights) on the first publication and then every "
+        "k-th (0 = never); a mismatch stops the run naming the server and version",
+    )
+    publish_canary_tolerance: float = Field(
+        1e-2, gt=0, description="the canary's largest |Δ logprob| in nats"
+    )
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every N steps (0 = end only)")
     eval_problems: int = Field(
         200, gt=0, description="held-out problems per evaluation (eval.* sets the sampling)"

@@ -19,7 +19,14 @@ The transaction, for publication ``v``:
    loaded (built-in servers: over the model's own parameters; vLLM servers: over the tensors
    the worker extension loaded); a wrong version or checksum fails the publication naming the
    server: a server that kept stale weights under the new label cannot pass;
-5. **resume** (any server that may have been paused).
+5. **resume** (any server that may have been paused);
+6. **canary** (the first publication, then every ``train.publish_canary_every``-th): each
+   server samples a few tokens after a fixed prompt, and their logprobs must equal the
+   trainer's under the published weights (a copy of the trainer's model taken with the
+   snapshot) within ``train.publish_canary_tolerance``: the checksum proves the weights
+   were delivered, the canary that the server samples from them (e.g. a load that reached
+   the checkpoint tensors but not a tied LM head's cached GEMM handle). The checksum catches
+   a one-step-stale server exactly; the canary only a difference above its tolerance.
 
 Every step runs per server under ``min(train.publish_step_timeout_s, what is left of
 train.publish_timeout_s)``; a step past it is *not awaited further* (its task is cancelled
@@ -39,6 +46,7 @@ relayrl.errors.
 from __future__ import annotations
 
 import asyncio
+import copy
 import shutil
 import sys
 import time
@@ -46,6 +54,8 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.weights import read_state_dict, weights_checksum
@@ -55,7 +65,37 @@ from relayrl.launch.publish import DiskPublisher, Snapshot, WeightPublisher, Wei
 if TYPE_CHECKING:
     from relayrl.launch.supervisor import ServerSupervisor
 
-STEPS = ("snapshot", "pause", "load", "verify", "resume")
+STEPS = ("snapshot", "pause", "load", "verify", "resume", "canary")
+CANARY_PROMPT = [3, 4, 5, 6, 7, 8, 9, 10]  # token ids: any model's vocabulary has them
+CANARY_TOKENS = 8
+CANARY_SEED = 1234
+
+
+@dataclass(frozen=True)
+class Canary:
+    """``every``: the canary runs on the first publication and then every ``every``-th
+    (``train.publish_canary_every``, 0 = never); ``tolerance``: the largest |Δ logprob|
+    (nats) allowed between a server's and the trainer's for the same weights
+    (``train.publish_canary_tolerance``)."""
+
+    every: int = 10
+    tolerance: float = 1e-2
+
+    def due(self, index: int) -> bool:
+        return self.every > 0 and index % self.every == 0
+
+
+def reference_logprobs(
+    model: torch.nn.Module, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> list[float]:
+    """The trainer's view of a sample: ``log_softmax(logits / T)`` of each output token."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        ids = torch.tensor([prompt + output], device=device)
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        picked = logp.gather(-1, torch.tensor(output, device=device)[:, None])[:, 0]
+    return [float(x) for x in picked.cpu()]
 
 
 @dataclass(frozen=True)
@@ -168,6 +208,8 @@ class PublicationSteps:
             if getattr(client, "PAUSES_TO_LOAD", False):
                 self.watch.mark(urls, version, "load")
             await self._step(end, version, "load", self._load_calls(client, snapshot))
+            if self.mode != "abort":  # a client that paused to load has resumed by now
+                self.watch.clear(urls)
             if self.verify:
                 calls = {u: self._verify(client, u, snapshot) for u in urls}
                 await self._step(end, version, "verify", calls)
@@ -292,9 +334,14 @@ class Publication:
         publisher: WeightPublisher,
         root: Path,
         listener: PublicationListener,
+        canary: Canary | None = None,
     ) -> None:
         self.supervisor, self.publisher, self.root = supervisor, publisher, root
         self.listener = listener
+        self.canary = canary or Canary(every=0)
+        self.canaries = 0  # canaries run
+        self.canary_seconds = 0.0  # their time in all
+        self.canary_max_diff = 0.0  # the largest |Δ logprob| a canary saw
         self._task: asyncio.Task | None = None
         self.last_seconds = 0.0  # how long the last finished publication took
         self.count = 0
@@ -307,23 +354,38 @@ class Publication:
         previous publication if it was still loading)."""
         start = time.perf_counter()
         await self.finish()
-        snapshot = await asyncio.to_thread(self._snapshot, trainer, version)
-        self._task = asyncio.create_task(self._publish(snapshot), name=f"publish-v{version}")
+        snapshot, reference = await asyncio.to_thread(self._snapshot, trainer, version)
+        self._task = asyncio.create_task(
+            self._publish(snapshot, reference), name=f"publish-v{version}"
+        )
         if wait:
             await self.finish()
         return time.perf_counter() - start
 
-    def _snapshot(self, trainer: WeightSource, version: int) -> Snapshot:
+    def _snapshot(
+        self, trainer: WeightSource, version: int
+    ) -> tuple[Snapshot, torch.nn.Module | None]:
+        """The publisher's snapshot with its checksum, and a copy of the trainer's model when
+        this publication runs the canary (the trainer trains on meanwhile)."""
         snapshot = self.publisher.snapshot(trainer, self.root, version)
         snapshot.checksum = snapshot_checksum(snapshot)
-        return snapshot
+        reference = None
+        if self.canary.due(self.count):
+            try:
+                reference = copy.deepcopy(trainer.model).eval()
+            except Exception as exc:  # noqa: BLE001 - e.g. a sharded model: no canary
+                print(f"warning: no canary ({exc!r})", file=sys.stderr, flush=True)
+                self.canary = Canary(every=0)
+        return snapshot, reference
 
-    async def _publish(self, snapshot: Snapshot) -> None:
+    async def _publish(self, snapshot: Snapshot, reference: torch.nn.Module | None) -> None:
         start, version = time.perf_counter(), snapshot.version
         try:
             await self.supervisor.publish(
                 snapshot.path, version, snapshot.state, checksum=snapshot.checksum
             )
+            if reference is not None:
+                await self._run_canary(version, reference)
         except Exception as exc:  # the trainer learns of it from its next batch
             self.listener.fail(exc)
             raise
@@ -333,6 +395,53 @@ class Publication:
         self.total_seconds += self.last_seconds
         if self.supervisor.latest is not None:  # keep the newest disk snapshot (restarts)
             remove_older_snapshots(self.root, self.supervisor.latest[1])
+
+    async def _run_canary(self, version: int, reference: torch.nn.Module) -> None:
+        """Each server samples :data:`CANARY_TOKENS` tokens after a fixed prompt; their
+        logprobs must equal the trainer's under the published weights (``reference``)
+        within the tolerance, and carry ``version``. Under the step deadline."""
+        start = time.perf_counter()
+        client = self.supervisor.client
+        steps = self.supervisor.steps
+        loop = asyncio.get_running_loop()
+        end = loop.time() + steps.deadlines.step_s
+        calls = {u: self._canary_on(client, u, version, reference) for u in client.urls}
+        await steps._step(end, version, "canary", calls)
+        self.canaries += 1
+        self.canary_seconds += time.perf_counter() - start
+
+    async def _canary_on(
+        self, client: Any, url: str, version: int, reference: torch.nn.Module
+    ) -> None:
+        params = {
+            "max_new_tokens": CANARY_TOKENS,
+            "temperature": 1.0,
+            "seed": CANARY_SEED,
+            "ignore_eos": True,
+        }
+        out = await client.generate_once(list(CANARY_PROMPT), params, url=url)
+        if not out.output_ids or any(v != version for v in out.output_versions):
+            raise PublicationError(
+                version,
+                "canary",
+                [url],
+                f"{len(out.output_ids)} tokens labelled {sorted(set(out.output_versions))}",
+            )
+        expected = await asyncio.to_thread(
+            reference_logprobs, reference, list(CANARY_PROMPT), list(out.output_ids)
+        )
+        pairs = zip(out.output_logprobs, expected, strict=True)
+        diff = max(abs(a - b) for a, b in pairs)
+        self.canary_max_diff = max(self.canary_max_diff, diff)
+        if diff > self.canary.tolerance:
+            raise PublicationError(
+                version,
+                "canary",
+                [url],
+                f"its logprobs of a fixed prompt differ from the trainer's for the same weights "
+                f"by up to {diff:.3g} nats (> train.publish_canary_tolerance="
+                f"{self.canary.tolerance:g}): it does not serve the published weights",
+            )
 
     async def finish(self, timeout: float | None = None) -> None:
         """Wait for the publication in flight, if any (its error already reached the
@@ -362,14 +471,19 @@ class Publication:
         await self.finish(timeout)
 
     def stats(self) -> dict[str, float]:
+        """The canary's counters for the run's summary (none when it never ran)."""
+        if not self.canaries:
+            return {}
         return {
-            "publications": float(self.count),
-            "publish_latency_mean_s": self.total_seconds / max(self.count, 1),
+            "publish_canaries": float(self.canaries),
+            "publish_canary_mean_s": self.canary_seconds / self.canaries,
+            "publish_canary_max_logprob_diff": self.canary_max_diff,
         }
 
 
 __all__ = [
     "STEPS",
+    "Canary",
     "Deadlines",
     "PauseWatch",
     "Publication",

@@ -54,7 +54,7 @@ from relayrl.errors import RelayError
 from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend, make_backend
-from relayrl.launch.publication import Deadlines, Publication, remove_older_snapshots
+from relayrl.launch.publication import Canary, Deadlines, Publication, remove_older_snapshots
 from relayrl.launch.publish import make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S, SERVERS
@@ -367,7 +367,10 @@ class _Job:
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
-        self.publication = Publication(self.supervisor, self.publisher, self.weights, controller)
+        canary = Canary(cfg.train.publish_canary_every, cfg.train.publish_canary_tolerance)
+        self.publication = Publication(
+            self.supervisor, self.publisher, self.weights, controller, canary
+        )
         if cfg.eval.backend == "servers":
             self.training.evaluator = self.evaluate_on_servers
         first = await self._resume(controller)
@@ -401,6 +404,7 @@ class _Job:
             publish_latency_mean_s=self.publication.total_seconds / max(self.publication.count, 1),
             weight_transport=self.publisher.name,
             **self.publisher.stats(),
+            **self.publication.stats(),
             **self.supervisor.stats(),  # the run's restarts, the final evaluation's included
         )
 

@@ -16,8 +16,9 @@ import torch
 
 from relayrl.engine.client import RolloutClient, RolloutServerError, WeightsReport
 from relayrl.engine.engine import Engine
+from relayrl.engine.weights import weights_checksum
 from relayrl.launch import supervisor as sup
-from relayrl.launch.publication import Deadlines, Publication, PublicationError
+from relayrl.launch.publication import Canary, Deadlines, Publication, PublicationError
 from relayrl.launch.publish import ModelSource, make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
@@ -248,3 +249,49 @@ def test_a_server_that_keeps_stale_weights_under_the_new_label_fails_the_run(
     assert isinstance(error, PublicationError) and error.step == "verify", error
     assert error.version == 2 and error.servers == launcher.urls
     assert "stale or partial weights under the new label" in str(error)
+
+
+def test_the_canary_catches_weights_delivered_but_not_applied(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """A faulty built-in engine reports the checksum of the weights it was sent (as the
+    vLLM worker extension does) but samples from its old ones, the failure of a tied LM
+    head whose cached GEMM handle was never rebuilt: the checksum passes, the canary (every
+    publication here) fails naming the server and the version; an honest server passes it
+    within 1e-4 nats."""
+    load = Engine._update_weights
+    sent: dict[str, str] = {}
+    faulty = {"on": False}
+
+    def unapplied_update(self, state, version, keep_kv):
+        sent["checksum"] = weights_checksum(state.items())
+        if faulty["on"]:
+            state = {n: p.detach().clone() for n, p in self.runner.model.named_parameters()}
+        return load(self, state, version, keep_kv)
+
+    monkeypatch.setattr(Engine, "_update_weights", unapplied_update)
+    monkeypatch.setattr(Engine, "weights_checksum", lambda self: sent["checksum"])
+    launcher = ServerLauncher(ServerSpec(str(tiny_model_dir)), 1, "thread", log_dir=tmp_path)
+    publisher = make_publisher("disk", 30.0, 1)
+    listener = Listener()
+
+    async def main(urls):
+        async with RolloutClient(urls, timeout=60) as client:
+            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
+            publication = Publication(
+                supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-4)
+            )
+            await publication.submit(perturbed_source(tiny_model_dir, 1), 1, wait=True)
+            honest = (publication.canaries, publication.canary_max_diff)
+            faulty["on"] = True
+            await publication.submit(perturbed_source(tiny_model_dir, 2), 2, wait=True)
+            return honest
+
+    with launcher:
+        canaries, max_diff = asyncio.run(main(launcher.urls))
+    assert canaries == 1 and max_diff < 1e-4, max_diff
+    assert listener.versions == [1]
+    error = listener.failure
+    assert isinstance(error, PublicationError) and error.step == "canary", error
+    assert error.version == 2 and error.servers == launcher.urls
+    assert "does not serve the published weights" in str(error)
