@@ -46,7 +46,9 @@ from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
 
 DEADLINE_S = 6.0  # train.broadcast_timeout_s of these tests
-SLACK_S = 3.0  # what a failed publication may take past its deadline (answers, teardown)
+# what a failed publication may take past its deadline (answers, teardown): 3 s idle; the
+# bound holds at load 10 on 2 cores and is still far below a hang (the client's 60 s)
+SLACK_S = 20.0
 
 
 def perturbed(model_dir: Path, seed: int) -> torch.nn.Module:
