@@ -274,7 +274,7 @@ class PublicationSteps:
         if self.unresumed:
             print(
                 f"warning: publication v{version}: could not resume {', '.join(self.unresumed)} "
-                "after the publication failed",
+                "after the publication failed; restarting it",
                 file=sys.stderr,
                 flush=True,
             )

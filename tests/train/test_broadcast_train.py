@@ -15,7 +15,7 @@ from tests.train.conftest import rl_config
 
 STEPS = 3
 # engine_trainer_kl_k3 of the built-in engine against the trainer on the same float32
-# weights (printed by this test; measured on the 2-core CPU in the commit message)
+# weights: 3e-14 to 5e-14 measured (printed by this test, 2-core CPU, 2026-11-25)
 MAX_MEAN_K3 = 1e-8
 
 
