@@ -34,9 +34,10 @@ crashed server):
   under a new versioned name ``relayrl-w<generation>`` on a fresh port, so a group never
   outlives a member;
 * the disk path stays the restart source: the broadcast publisher also writes the disk
-  snapshot every ``train.broadcast_snapshot_every`` publications (the first always). A server
-  restarted between two snapshots loads the last one and is then brought to the newest
-  version by one more broadcast of the held weights (``ServerSupervisor``);
+  snapshot every ``train.broadcast_snapshot_every`` publications (the first always). When a
+  server must be restarted between two snapshots, the newest publication's held weights are
+  written to disk then (:meth:`BroadcastPublisher.restart_snapshot`), so the replacement
+  starts at the newest version (``ServerSupervisor``);
 * a publication whose broadcast fails or times out on a server that still answers (a
   :class:`BroadcastError`) falls back to the disk: the held weights are written as this
   version's disk snapshot (unless it has one) and the servers that failed load it through
@@ -161,6 +162,11 @@ class WeightPublisher(ABC):
     def server_replaced(self, old: str, new: str) -> None:  # noqa: B027 - optional hook
         """Server ``old`` was restarted at ``new`` (it holds the last disk snapshot)."""
 
+    def restart_snapshot(self, snapshot: Snapshot) -> Path | None:
+        """A disk snapshot of ``snapshot`` for a restarted server to load (None: none can be
+        written); blocking."""
+        return snapshot.path
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the transport holds (the end of the run)."""
 
@@ -231,6 +237,13 @@ class BroadcastPublisher(WeightPublisher):
 
     def server_replaced(self, old: str, new: str) -> None:
         self.drop_group()  # the next publication re-forms it under a new name
+
+    def restart_snapshot(self, snapshot: Snapshot) -> Path | None:
+        """The publication's disk snapshot, written now from the held weights if it has
+        none (a server restarted between two ``snapshot_every`` snapshots)."""
+        if snapshot.path is None and snapshot.state is not None and self._root is not None:
+            snapshot.path = save_state(snapshot.state, self._root / f"v{snapshot.version}")
+        return snapshot.path
 
     def close(self) -> None:
         self.drop_group()

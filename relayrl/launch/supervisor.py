@@ -22,11 +22,11 @@ the publication's wait with a connection error; the publication then restarts th
 itself. Only a server being started (between spawn and healthy) is left alone.
 
 A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
-load the latest disk snapshot with its version, reroute the client, and tell the weight
-publisher (``relayrl.launch.publish``: the broadcast transport re-forms its transfer group
-under a new name). When the newest publication was broadcast only (no disk snapshot of its
-own), the servers are then brought to it by one more broadcast of the held weights — unless a
-publication is under way, which repeats itself anyway. Restarts are counted over the run;
+load the newest publication's disk snapshot with its version (when the newest publication
+was broadcast only, its held weights are written to disk first: the replacement never starts
+older than what was published, so no token it generates is staler than the bound allows),
+reroute the client, and tell the weight publisher (``relayrl.launch.publish``: the broadcast
+transport re-forms its transfer group under a new name). Restarts are counted over the run;
 one more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming
 the server, its exit status, the limit and the log.
 
@@ -367,10 +367,24 @@ class ServerSupervisor:
             await asyncio.to_thread(self.launcher.wait_healthy, [i])
         finally:
             self._starting.discard(i)
+        await self._newest_on_disk()
         if self.latest is not None:
             path, version = self.latest
             await self.client.update_weights(str(path), version=version, urls=[new])
         return new
+
+    async def _newest_on_disk(self) -> None:
+        """Make the newest publication the restart source: when it was broadcast only, its
+        held weights are written to disk now (``WeightPublisher.restart_snapshot``), so a
+        replacement starts at the newest version. A replacement that started older would
+        be routed requests before the catch-up broadcast reached it, and their tokens would
+        carry that older version: staleness past η after a restart (AReaL#1388)."""
+        newest = self.newest
+        if newest is None or (self.latest is not None and self.latest[1] >= newest.version):
+            return
+        path = await asyncio.to_thread(self.publisher.restart_snapshot, newest)
+        if path is not None:
+            self.latest = (path, newest.version)
 
     # ------------------------------------------------------------------ watchdog
     async def watch(self, on_fatal: Callable[[BaseException], None]) -> None:

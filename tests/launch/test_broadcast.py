@@ -265,18 +265,21 @@ def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_a_new_
     finally:
         resume_all(servers)
     assert restarts == 1 and servers.urls[0] != victim_url
-    assert loads_from_disk == [(str(tmp_path / "v1"), [servers.urls[0]])]
+    # the replacement starts at v2, written to disk from the held weights at the restart
+    assert loads_from_disk == [(str(tmp_path / "v2"), [servers.urls[0]])]
     assert publisher.group is not None and publisher.group.name == "relayrl-w3"
     expected = weights_checksum(new.named_parameters())
     assert after == [(expected, 2), (expected, 2)]
 
 
-def test_a_server_restarted_between_publications_catches_up_to_a_broadcast_only_version(
+def test_a_server_restarted_between_publications_starts_at_a_broadcast_only_version(
     servers, tiny_model_dir, tmp_path
 ):
     """Disk snapshot every second publication: v1 goes to disk, v2 is broadcast only. A
-    server that dies after v2 is restarted from v1 on disk (the client's failover path), the
-    group is re-formed under a new name and the held v2 is broadcast to every server."""
+    server that dies after v2 is restarted (the client's failover path) from v2, written to
+    disk from the held weights then: it never serves v1 again (tokens of v1 after v2 was
+    published would be staler than the bound allows, AReaL#1388). The group is dropped and
+    re-formed by the next publication."""
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=2)
     models = [perturbed(tiny_model_dir, seed=5), perturbed(tiny_model_dir, seed=6)]
 
@@ -294,9 +297,9 @@ def test_a_server_restarted_between_publications_catches_up_to_a_broadcast_only_
             return paths, victim, new_url, supervisor.latest, await checksums(client)
 
     paths, victim, new_url, latest, after = asyncio.run(main())
-    assert paths == [tmp_path / "v1", None] and latest == (tmp_path / "v1", 1)
+    assert paths == [tmp_path / "v1", None] and latest == (tmp_path / "v2", 2)
     assert new_url != victim and servers.urls[1] == new_url
-    assert publisher.group.name == "relayrl-w2"
+    assert publisher.group is None and publisher.generation == 1
     expected = weights_checksum(models[1].named_parameters())
     assert after == [(expected, 2), (expected, 2)]
     publisher.close()

@@ -19,7 +19,7 @@ from relayrl.engine.engine import Engine
 from relayrl.engine.weights import weights_checksum
 from relayrl.launch import supervisor as sup
 from relayrl.launch.publication import Canary, Deadlines, Publication, PublicationError
-from relayrl.launch.publish import ModelSource, make_publisher
+from relayrl.launch.publish import DiskPublisher, ModelSource, make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
@@ -295,3 +295,45 @@ def test_the_canary_catches_weights_delivered_but_not_applied(
     assert isinstance(error, PublicationError) and error.step == "canary", error
     assert error.version == 2 and error.servers == launcher.urls
     assert "does not serve the published weights" in str(error)
+
+
+class HeldPublisher(DiskPublisher):
+    """A broadcast-like transport on the fakes: publications without a disk snapshot are
+    'sent' from held weights; :meth:`restart_snapshot` writes one when a restart needs it."""
+
+    written: list[int]
+
+    def __init__(self) -> None:
+        self.written = []
+
+    async def transfer(self, client, snapshot, keep_kv):
+        await client.update_weights("held", version=snapshot.version, keep_kv=keep_kv)
+
+    def restart_snapshot(self, snapshot):
+        if snapshot.path is None:
+            self.written.append(snapshot.version)
+            snapshot.path = f"/w/v{snapshot.version}-written"
+        return snapshot.path
+
+
+def test_a_restarted_server_never_starts_older_than_the_newest_publication():
+    """Issue 35 (step 5, AReaL#1388): v1 has a disk snapshot, v2 was sent from held weights
+    only. A server restarted after v2 starts from v2 (written to disk at the restart), not
+    from v1: requests routed to it before any catch-up would otherwise carry v1 tokens,
+    staler than the bound allows."""
+    launcher = FakeLauncher(2)
+    client = FaultyClient(launcher)
+    publisher = HeldPublisher()
+    s = ServerSupervisor(launcher, client, 3, publisher=publisher)
+
+    async def main():
+        await s.publish("/w/v1", 1)
+        await s.publish(None, 2, state={"w": torch.zeros(1)})
+        launcher.dead.add("http://s1")
+        return await s.recover("http://s1")
+
+    new = asyncio.run(asyncio.wait_for(main(), 10))
+    assert new == "http://s1-r1" and publisher.written == [2]
+    assert client.loaded[-1] == ("http://s1-r1", "/w/v2-written", 2)
+    assert s.latest == ("/w/v2-written", 2)
+    assert all(v >= 2 for url, _, v in client.loaded if url == new)

@@ -212,7 +212,8 @@ def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_from_d
 
     victim_url, restarts, loads_from_disk, outputs = asyncio.run(main())
     assert restarts == 1 and server.urls[0] != victim_url
-    assert loads_from_disk == [(str(tmp_path / "v1"), [server.urls[0]])]
+    # the replacement starts at v2, written to disk from the held weights at the restart
+    assert loads_from_disk == [(str(tmp_path / "v2"), [server.urls[0]])]
     assert publisher.generation == 3  # w1, w2 (formation with the dead server fails), w3
     assert_serves(outputs, new, 2)
 
