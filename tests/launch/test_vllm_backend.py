@@ -316,8 +316,10 @@ def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
             builtin.stop()
 
 
-@pytest.mark.parametrize("mode", ["retract", "abort"])
-def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir, mode):
+@pytest.mark.parametrize(
+    ("mode", "transport"), [("retract", "disk"), ("abort", "disk"), ("retract", "broadcast")]
+)
+def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir, mode, transport):
     """The demo's η = 4 on vLLM (issue 35: it hung with the server paused): 6 steps, a
     publication every step landing while up to (η + 1)·B·n requests are in flight, each
     verified (version and checksum) and the first one's canary; on every step the engine's
@@ -328,6 +330,7 @@ def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir
     url, _ = server
     run(load_model_dir(url, tiny_model_dir))  # the run's v0 (a test before left its own)
     overrides = ["rollout.eta=4", "train.total_steps=6", f"train.publish_mode={mode}"]
+    overrides += [f"train.weight_transport={transport}", "train.broadcast_timeout_s=60"]
     overrides += ["rollout.prompts_per_step=4", "rollout.n_samples=4"]
     result = run_train(short_run_config(tmp_path, tiny_model_dir, url, *overrides))
     rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
