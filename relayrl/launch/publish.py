@@ -11,11 +11,15 @@ server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError
 class speaks each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast
 calls onto relayrl's vLLM worker extension).
 
-A publisher is used in two places: the trainer side calls :meth:`WeightPublisher.snapshot`
-while the trainer is held (a consistent copy of the weights), then the
-:class:`~relayrl.launch.supervisor.ServerSupervisor`, under its lock, calls
-:meth:`WeightPublisher.load` to put that snapshot on every server and
-:meth:`WeightPublisher.server_replaced` when it has restarted one.
+A publisher is used in two places: the trainer side (``relayrl.launch.publication.
+Publication``) calls :meth:`WeightPublisher.snapshot` while the trainer is held (a
+consistent copy of the weights), then the publication transaction
+(``relayrl.launch.publication.PublicationSteps``, under the
+:class:`~relayrl.launch.supervisor.ServerSupervisor`'s lock) calls
+:meth:`WeightPublisher.transfer` as its load step (:meth:`WeightPublisher.load`, pause /
+transfer / resume with no deadlines or checks, is what the benchmarks and transport tests
+drive directly), and the supervisor calls :meth:`WeightPublisher.server_replaced` and
+:meth:`WeightPublisher.restart_snapshot` when it restarts a server.
 
 The broadcast transport, with the peers' lessons (AReaL#1439 and trl#2923: a broadcast with no
 deadline hangs a run whose receiver never joins; verl#7910: a static group dies with one
