@@ -19,6 +19,14 @@ servers idle. Per publication:
   resume it (``relayrl.engine.vllm_client``);
 * ``total_s`` = hold + load. Medians over the rounds; the ratios are broadcast / disk.
 
+``--checks``: also the cost of a publication's checks (``relayrl.launch.publication``), per
+transport: each round publishes through the run's own transaction (``Publication`` under a
+``ServerSupervisor``) three ways, alternating: no checks, verify (version and checksum, on
+the trainer and on each server), verify + canary (a model copy, 8 tokens per server, the
+trainer's recompute); the median total per publication of each and the differences:
+``verify_overhead_s`` and ``canary_overhead_s`` (a run pays the canary every
+``train.publish_canary_every``-th publication only).
+
 The last line is ``publish_broadcast_vs_disk_<preset>=X.XX`` (``publish_vllm_broadcast_vs_disk_
 <preset>`` on vLLM), the total-latency ratio on the last preset (below 1: broadcast is
 faster).
@@ -46,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", type=int, default=2, help="rollout servers (default 2)")
     parser.add_argument(
         "--engine", choices=("builtin", "vllm"), default="builtin", help="the rollout servers"
+    )
+    parser.add_argument(
+        "--checks",
+        action="store_true",
+        help="also time the publication checks: verify (version, checksum) and the canary",
     )
     parser.add_argument(
         "--vllm-python",
@@ -108,6 +121,64 @@ async def publish_rounds(
     return {t: {k: statistics.median(v) for k, v in times[t].items()} for t in TRANSPORTS}
 
 
+class _Listener:
+    """The rollout controller's side of a publication: a failure ends the benchmark."""
+
+    def set_published_version(self, version: int) -> None:
+        pass
+
+    def fail(self, exc: BaseException) -> None:
+        raise exc
+
+
+CHECKS = {"none": (False, 0), "verify": (True, 0), "verify+canary": (True, 1)}
+
+
+async def check_rounds(launcher, model, root: Path, rounds: int, client_class: type) -> dict:
+    """Per transport, the median seconds of one whole publication through the run's
+    transaction with each of :data:`CHECKS` (verify on/off, canary every publication/never),
+    alternating; plus the overheads."""
+    from relayrl.config.schema import TrainConfig
+    from relayrl.launch.publication import Canary, Publication
+    from relayrl.launch.publish import ModelSource, make_publisher
+    from relayrl.launch.supervisor import ServerSupervisor
+
+    source, version, out = ModelSource(model), 1000, {}
+    async with client_class(list(launcher.urls), timeout=600.0) as client:
+        for transport in TRANSPORTS:
+            publisher = make_publisher(
+                TrainConfig(
+                    weight_transport=transport,
+                    broadcast_timeout_s=120.0,
+                    broadcast_snapshot_every=10**9,
+                )
+            )
+            runs = {}
+            for name, (verify, every) in CHECKS.items():
+                supervisor = ServerSupervisor(
+                    launcher, client, 0, publisher=publisher, verify=verify
+                )
+                runs[name] = Publication(supervisor, publisher, root, _Listener(), Canary(every))
+            times: dict[str, list[float]] = {name: [] for name in CHECKS}
+            for r in range(rounds + 1):  # the first round untimed (group, first snapshot)
+                names = list(CHECKS) if r % 2 == 0 else list(CHECKS)[::-1]
+                for name in names:
+                    version += 1
+                    nudge(model, version)
+                    start = time.perf_counter()
+                    await runs[name].submit(source, version, wait=True)
+                    if r:
+                        times[name].append(time.perf_counter() - start)
+            publisher.close()
+            med = {name: statistics.median(v) for name, v in times.items()}
+            out[transport] = {
+                **{f"{k}_s": v for k, v in med.items()},
+                "verify_overhead_s": med["verify"] - med["none"],
+                "canary_overhead_s": med["verify+canary"] - med["verify"],
+            }
+    return out
+
+
 def server_spec(model_dir: Path, args: argparse.Namespace):
     """The server spec and client class of ``--engine``."""
     if args.engine == "vllm":
@@ -143,6 +214,10 @@ def measure(preset: str, args: argparse.Namespace) -> dict:
                 result = asyncio.run(
                     publish_rounds(launcher.urls, model, root, args.rounds, client_class)
                 )
+                if args.checks:
+                    result["checks"] = asyncio.run(
+                        check_rounds(launcher, model, root, args.rounds, client_class)
+                    )
         finally:
             shutil.rmtree(root, ignore_errors=True)
     result["params"] = sum(p.numel() for p in model.parameters())
@@ -169,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
                 f"preset={preset} params={r['params']} fp32_MiB={mb:.1f} transport={t} "
                 f"hold_s={row['hold_s']:.4f} load_s={row['load_s']:.4f} "
                 f"total_s={row['total_s']:.4f}"
+            )
+        for t, row in r.get("checks", {}).items():
+            print(
+                f"preset={preset} transport={t} checks: "
+                + " ".join(f"{k}={v:.4f}" for k, v in row.items())
             )
         ratios = {k: r["broadcast"][k] / r["disk"][k] for k in ("hold_s", "load_s", "total_s")}
         print(

@@ -357,6 +357,31 @@ class TrainConfig(Section):
         "without pausing and running requests keep the KV built under older weights "
         "(PipelineRL's in-flight update: no re-prefill; relayrl servers only)",
     )
+    publish_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="deadline of one whole publication (pause, load, verify, resume on every "
+        "server); past it the publication fails naming the server, step and version, and the "
+        "watchdog resumes a server still paused (docs/engine.md)",
+    )
+    publish_step_timeout_s: float = Field(
+        300.0, gt=0, description="deadline of each step of a publication (on each server)"
+    )
+    publish_verify: bool = Field(
+        True,
+        description="after loading, each server reports the version it serves and the "
+        "checksum of the weights it loaded; a mismatch with the trainer's fails the run",
+    )
+    publish_canary_every: int = Field(
+        10,
+        ge=0,
+        description="the publication canary (a fixed prompt's token logprobs on each server "
+        "against the trainer's for the same weights) on the first publication and then every "
+        "k-th (0 = never); a mismatch stops the run naming the server and version",
+    )
+    publish_canary_tolerance: float = Field(
+        1e-2, gt=0, description="the canary's largest |Δ logprob| in nats"
+    )
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every N steps (0 = end only)")
     eval_problems: int = Field(
         200, gt=0, description="held-out problems per evaluation (eval.* sets the sampling)"

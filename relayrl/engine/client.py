@@ -6,6 +6,13 @@ same ``key`` always goes to the same server), broadcasting of pause / continue /
 updates to every server, *resubmission after abort*, and batched generation of a whole group
 in one HTTP exchange (:meth:`RolloutClient.generate_many`).
 
+Two connection pools: generation requests share one (``max_connections``), control requests
+(pause, resume, weight loads, health, info) have their own. A generation request sent to a
+paused server holds its connection until the server resumes; with one shared pool, enough of
+them (an asynchronous vLLM run keeps 2·B·n = 256 in flight, one per sample) left the resume,
+or the load before it, waiting for a connection that only the resume would free: a
+publication hung with the server paused and no error (issue 35).
+
 Transport: plain ``http://`` servers go through :class:`relayrl.engine.http.FastHTTP` (O(1)
 Python work per request; httpx's pool is O(connections²) per request, which with hundreds of
 requests in flight starved the trainer of the GIL); other schemes through httpx.
@@ -49,6 +56,7 @@ RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError
 # the same failures on the asyncio transport (engine/http.py) used for plain http://
 FAST_RETRYABLE = (ConnectError, ConnectionError, asyncio.IncompleteReadError)
 MAX_STICKY_KEYS = 100_000
+CONTROL_CONNECTIONS = 32  # the control pool's size (pause, resume, loads, health, info)
 Recover = Callable[[str], Awaitable[str]]
 
 
@@ -89,6 +97,15 @@ class ServingInfo:
 
     max_seq_len: int
     weight_version: int
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    """What a server says it serves after a publication: the version its new tokens carry
+    and the checksum of the weights it loaded (``weights_checksum``; None: not reported)."""
+
+    version: int
+    checksum: str | None
 
 
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
@@ -159,6 +176,13 @@ class RolloutClient:
             limits=httpx.Limits(max_connections=max_connections),
         )
         self._fast = FastHTTP(headers, timeout, connect_timeout, max_connections)
+        # control requests never wait for a connection behind generation (module docstring)
+        self._http_control = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=CONTROL_CONNECTIONS),
+        )
+        self._fast_control = FastHTTP(headers, timeout, connect_timeout, CONTROL_CONNECTIONS)
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_resubmits = max_resubmits
@@ -177,7 +201,9 @@ class RolloutClient:
 
     async def close(self) -> None:
         await self._fast.aclose()
+        await self._fast_control.aclose()
         await self._http.aclose()
+        await self._http_control.aclose()
 
     # ------------------------------------------------------------------ routing
     def server_for(self, key: str | None = None) -> str:
@@ -203,16 +229,24 @@ class RolloutClient:
                 self._sticky[key] = new
 
     async def request(self, method: str, url: str, path: str, json: Any = None) -> Any:
-        """One call to the server at ``url`` (``GET``/``POST`` ``path`` with a JSON body),
-        retried on connection errors; its decoded JSON answer. A server's error answer, a
-        timeout or an unreachable server raise :class:`RolloutServerError`. For endpoints
-        this class has no method for (a backend's own checks)."""
+        """One control call to the server at ``url`` (``GET``/``POST`` ``path`` with a JSON
+        body), retried on connection errors; its decoded JSON answer. A server's error
+        answer, a timeout or an unreachable server raise :class:`RolloutServerError`. For
+        endpoints this class has no method for (a backend's own checks)."""
         return await self._request(method, url, path, json)
 
-    async def _request(self, method: str, url: str, path: str, json: Any = None) -> Any:
-        """One HTTP call with retries on connection errors; raises RolloutServerError."""
+    async def _request(
+        self, method: str, url: str, path: str, json: Any = None, generation: bool = False
+    ) -> Any:
+        """One HTTP call with retries on connection errors; raises RolloutServerError.
+        ``generation``: a generate call (the generation pool), else a control call (the
+        control pool; see the module docstring)."""
         fast = FastHTTP.supports(url)
-        send = self._send_fast if fast else self._send_httpx
+        if fast:
+            http = self._fast if generation else self._fast_control
+            send: Callable[..., Awaitable[tuple[int, bytes]]] = http.request
+        else:
+            send = self._send_httpx if generation else self._send_httpx_control
         retryable = FAST_RETRYABLE if fast else RETRYABLE
         timeouts = asyncio.TimeoutError if fast else httpx.TimeoutException
         last: Exception | None = None
@@ -238,8 +272,11 @@ class RolloutClient:
         response = await self._http.request(method, url + path, json=json)
         return response.status_code, response.content
 
-    async def _send_fast(self, method: str, url: str, path: str, json: Any) -> tuple[int, bytes]:
-        return await self._fast.request(method, url, path, json)
+    async def _send_httpx_control(
+        self, method: str, url: str, path: str, json: Any
+    ) -> tuple[int, bytes]:
+        response = await self._http_control.request(method, url + path, json=json)
+        return response.status_code, response.content
 
     async def _broadcast(
         self, path: str, json: Any = None, urls: list[str] | None = None
@@ -271,16 +308,23 @@ class RolloutClient:
             await asyncio.gather(*(self._request("GET", u, "/get_server_info") for u in self.urls))
         )
 
-    async def pause(self, mode: str = "abort") -> list[Any]:
-        """Pause every server; requests aborted by it are resubmitted after ``continue``."""
+    async def pause(self, mode: str = "abort", urls: list[str] | None = None) -> list[Any]:
+        """Pause every server (or ``urls``); requests aborted by it are resubmitted after
+        ``continue``."""
         self._resumed.clear()
-        return await self._broadcast("/pause_generation", {"mode": mode})
+        return await self._broadcast("/pause_generation", {"mode": mode}, urls)
 
-    async def continue_generation(self) -> list[Any]:
+    async def continue_generation(self, urls: list[str] | None = None) -> list[Any]:
         try:
-            return await self._broadcast("/continue_generation")
+            return await self._broadcast("/continue_generation", urls=urls)
         finally:
             self._resumed.set()
+
+    async def weights_report(self, url: str) -> WeightsReport:
+        """What the server at ``url`` serves: its weight version and the checksum of its
+        weights (``/weights_checksum``, computed over the model's own parameters)."""
+        data = await self._request("GET", url, "/weights_checksum")
+        return WeightsReport(int(data.get("weight_version") or 0), data.get("checksum"))
 
     async def update_weights(
         self,
@@ -324,7 +368,7 @@ class RolloutClient:
         url = url or self.server_for(key)
         body = self.generate_body(input_ids, sampling_params)
         return self.parse_generation(
-            url, await self._request("POST", url, self.GENERATE_PATH, body)
+            url, await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
         )
 
     # the wire protocol of one generation (SGLang's native /generate; see VLLMClient), and
@@ -366,7 +410,7 @@ class RolloutClient:
             "return_logprob": True,
         }
         try:
-            answers = await self._request("POST", url, "/generate", body)
+            answers = await self._request("POST", url, "/generate", body, generation=True)
         except RolloutServerError as exc:
             if not exc.unreachable or self.recover is None:
                 raise

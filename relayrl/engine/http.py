@@ -10,8 +10,8 @@ GIL ~90% of the time in the trainer process and made the trainer step 4× slower
 (or opens one), writes one buffer, reads the status line, headers and a Content-Length or
 chunked body, and puts the connection back unless the server asked to close it.
 
-Errors: connecting raises :class:`ConnectError` (an ``OSError``), a timeout
-``asyncio.TimeoutError``; a reused keep-alive connection that the server had closed is
+Errors: connecting raises :class:`ConnectError` (an ``OSError``), a timeout (the wait for one
+of the ``max_connections`` slots included) ``asyncio.TimeoutError``; a reused keep-alive connection that the server had closed is
 retried once on a fresh connection (the request was never read). A cancelled request closes
 its connection, so the server sees the disconnect.
 
@@ -76,8 +76,13 @@ class FastHTTP:
         if json is not None or method != "GET":
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         message = head.encode() + b"\r\n" + body
+        # the wait for a free connection counts against the deadline too
+        return await asyncio.wait_for(self._slotted(origin, message), self.timeout)
+
+    async def _slotted(self, origin: tuple[str, int], message: bytes) -> tuple[int, bytes]:
+        assert self._slots is not None
         async with self._slots:
-            return await asyncio.wait_for(self._exchange(origin, message), self.timeout)
+            return await self._exchange(origin, message)
 
     async def _exchange(self, origin: tuple[str, int], message: bytes) -> tuple[int, bytes]:
         idle = self._idle.setdefault(origin, [])

@@ -44,6 +44,7 @@ from relayrl.engine.client import (
     RolloutClient,
     RolloutServerError,
     ServingInfo,
+    WeightsReport,
     _params_dict,
 )
 from relayrl.engine.types import SamplingParams
@@ -144,6 +145,7 @@ class VLLMClient(RolloutClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._paused_by_us = False
+        self._loaded: dict[str, str | None] = {}  # URL -> checksum its last load reported
 
     # ------------------------------------------------------------------ control
     async def server_info(self) -> list[dict[str, Any]]:
@@ -167,28 +169,38 @@ class VLLMClient(RolloutClient):
             raise ValueError(f"pause mode must be one of {sorted(PAUSE_MODES)}, got {mode!r}")
         return await self._broadcast(f"/pause?mode={vllm_mode}", urls=urls)
 
-    async def pause(self, mode: str = "abort") -> list[Any]:
-        """Pause every server (``abort``: running requests return aborted and are
-        resubmitted after :meth:`continue_generation`; ``in_place``: they wait, KV kept)."""
+    async def pause(self, mode: str = "abort", urls: list[str] | None = None) -> list[Any]:
+        """Pause every server, or ``urls`` (``abort``: running requests return aborted and
+        are resubmitted after :meth:`continue_generation`; ``in_place``: they wait, KV
+        kept)."""
         self._resumed.clear()
         self._paused_by_us = True
-        return await self._pause(mode)
+        return await self._pause(mode, urls)
 
-    async def continue_generation(self) -> list[Any]:
+    async def continue_generation(self, urls: list[str] | None = None) -> list[Any]:
         try:
-            return await self._broadcast("/resume")
+            return await self._broadcast("/resume", urls=urls)
         finally:
             self._paused_by_us = False
             self._resumed.set()
 
+    async def weights_report(self, url: str) -> WeightsReport:
+        """The version the server at ``url`` labels new tokens with (``/weight_info``) and
+        the checksum its worker extension computed over the weights it last loaded."""
+        info = await self._request("GET", url, "/weight_info")
+        label = info.get("weight_version") if isinstance(info, dict) else None
+        return WeightsReport(_int_version(str(label), url), self._loaded.get(url))
+
     async def load_and_tag(self, model_path: str, version: int, urls: list[str]) -> list[Any]:
         """On paused servers ``urls``: load ``model_path``, then label new tokens
-        ``version``; each server's answer to the load (``/collective_rpc``), in ``urls``
-        order."""
-        body = {"method": LOAD_METHOD, "kwargs": {"weights_path": str(model_path)}}
-        answers = await self._broadcast("/collective_rpc", body, urls)
+        ``version``; each server's worker-extension result of the load (with the checksum
+        of what it loaded), in ``urls`` order."""
+        kwargs = {"weights_path": str(model_path)}
+        results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
+        for url, result in zip(urls, results, strict=True):
+            self._loaded[url] = result.get("checksum")
         await self._tag(version, urls)
-        return answers
+        return list(results)
 
     async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
@@ -255,10 +267,12 @@ class VLLMClient(RolloutClient):
         kwargs = {k: body[k] for k in ("group_name", "names", "dtypes", "shapes")}
         async with self._paused_for_load([url], bool(body.get("keep_kv", False))):
             result = await self._rpc(url, RECEIVE_METHOD, kwargs)
+            self._loaded[url] = result.get("checksum")
             await self._tag(version, [url])
         return result | {"weight_version": version}
 
     # ------------------------------------------------------------------ generation
+    PAUSES_TO_LOAD = True  # a load pauses the server around it (relayrl.launch.publication)
     GENERATE_PATH = "/inference/v1/generate"
     BATCHED_GENERATE = False  # no list form: a group's samples are concurrent requests
 

@@ -1,19 +1,22 @@
 """Loading new weights into a live model: from a safetensors file, a Hugging Face directory of
 safetensors shards, or an in-memory state dict (a disk publication or a broadcast one). Every
 tensor is checked (name, shape) before any parameter is overwritten, so a bad update leaves
-the model unchanged. :func:`weights_checksum`: one digest of a set of weights, the same on the
-trainer and on a server holding the same values.
+the model unchanged. :func:`weights_checksum` (the wire module's, which the vLLM worker extension
+computes too): one digest of a set of weights, the same on the trainer and on a server
+holding the same values.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from relayrl.engine.wire.relayrl_transfer_wire import weights_checksum
 from relayrl.errors import RelayError
+
+__all__ = ["check_shapes", "load_into", "model_checksum", "read_state_dict", "weights_checksum"]
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -82,17 +85,6 @@ def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-
-
-def weights_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """SHA-256 over ``(name, tensor)`` pairs in name order, each tensor's float32 bytes: equal
-    on trainer and server exactly when they hold the same values under the same names."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(named, key=lambda item: item[0]):
-        digest.update(name.encode())
-        data = tensor.detach().to("cpu", torch.float32).contiguous()
-        digest.update(data.numpy().tobytes())
-    return digest.hexdigest()
 
 
 def model_checksum(model: torch.nn.Module) -> str:

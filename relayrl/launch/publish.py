@@ -13,11 +13,15 @@ plugin's transport is one subclass and one registry line, docs/extending.md) and
 class speaks each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast
 calls onto relayrl's vLLM worker extension).
 
-A publisher is used in two places: the trainer side calls :meth:`WeightPublisher.snapshot`
-while the trainer is held (a consistent copy of the weights), then the
-:class:`~relayrl.launch.supervisor.ServerSupervisor`, under its lock, calls
-:meth:`WeightPublisher.load` to put that snapshot on every server and
-:meth:`WeightPublisher.server_replaced` when it has restarted one.
+A publisher is used in two places: the trainer side (``relayrl.launch.publication.
+Publication``) calls :meth:`WeightPublisher.snapshot` while the trainer is held (a
+consistent copy of the weights), then the publication transaction
+(``relayrl.launch.publication.PublicationSteps``, under the
+:class:`~relayrl.launch.supervisor.ServerSupervisor`'s lock) calls
+:meth:`WeightPublisher.transfer` as its load step (:meth:`WeightPublisher.load`, pause /
+transfer / resume with no deadlines or checks, is what the benchmarks and transport tests
+drive directly), and the supervisor calls :meth:`WeightPublisher.server_replaced` and
+:meth:`WeightPublisher.restart_snapshot` when it restarts a server.
 
 The broadcast transport, with the peers' lessons (AReaL#1439 and trl#2923: a broadcast with no
 deadline hangs a run whose receiver never joins; verl#7910: a static group dies with one
@@ -36,9 +40,14 @@ crashed server):
   under a new versioned name ``relayrl-w<generation>`` on a fresh port, so a group never
   outlives a member;
 * the disk path stays the restart source: the broadcast publisher also writes the disk
-  snapshot every ``train.broadcast_snapshot_every`` publications (the first always). A server
-  restarted between two snapshots loads the last one and is then brought to the newest
-  version by one more broadcast of the held weights (``ServerSupervisor``).
+  snapshot every ``train.broadcast_snapshot_every`` publications (the first always). When a
+  server must be restarted between two snapshots, the newest publication's held weights are
+  written to disk then (:meth:`BroadcastPublisher.restart_snapshot`), so the replacement
+  starts at the newest version (``ServerSupervisor``);
+* a publication whose broadcast fails or times out on a server that still answers (a
+  :class:`BroadcastError`) falls back to the disk: the held weights are written as this
+  version's disk snapshot (unless it has one) and the servers that failed load it through
+  ``/update_weights_from_disk``. Only when that fails too does the publication fail.
 
 Imports: relayrl.config (the train section), relayrl.engine (client, transfer),
 relayrl.launch.servers (free ports), relayrl.errors, relayrl.registry, torch.
@@ -48,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +78,12 @@ GROUP_PREFIX = "relayrl-w"
 
 
 class BroadcastError(RelayError):
-    """A broadcast publication (or the group's formation) failed; names the server."""
+    """A broadcast publication (or the group's formation) failed; names the server.
+    ``urls``: the servers that failed (empty: all of them, e.g. this side failed)."""
+
+    def __init__(self, message: str, urls: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.urls = list(urls or [])
 
 
 class WeightSource(Protocol):
@@ -82,17 +97,29 @@ class WeightSource(Protocol):
 @dataclass
 class Snapshot:
     """One publication. ``path``: the disk snapshot written for it (None: broadcast only);
-    ``state``: a CPU copy of the weights to broadcast (None: disk only)."""
+    ``state``: a CPU copy of the weights to broadcast (None: disk only); ``checksum``: the
+    published weights' ``weights_checksum`` (None: not verified)."""
 
     version: int
     path: Path | None = None
     state: Mapping[str, torch.Tensor] | None = None
+    checksum: str | None = None
 
 
 def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A CPU copy of ``model``'s parameters, a tied tensor once (the engine's loader expects
     exactly that, as in a disk snapshot): the trainer trains on while it is broadcast."""
     return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+
+
+def save_state(state: Mapping[str, torch.Tensor], directory: Path) -> Path:
+    """Write ``state`` as a disk snapshot (``directory/model.safetensors``, as the trainer
+    writes one); returns ``directory``."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(dict(state), str(directory / "model.safetensors"))
+    return directory
 
 
 class ModelSource:
@@ -104,11 +131,7 @@ class ModelSource:
         self.model = model
 
     def save_weights(self, directory: Path) -> Path:
-        from safetensors.torch import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(cpu_weights(self.model), str(directory / "model.safetensors"))
-        return directory
+        return save_state(cpu_weights(self.model), directory)
 
 
 class WeightPublisher(ABC):
@@ -150,6 +173,11 @@ class WeightPublisher(ABC):
 
     def server_replaced(self, old: str, new: str) -> None:  # noqa: B027 - optional hook
         """Server ``old`` was restarted at ``new`` (it holds the last disk snapshot)."""
+
+    def restart_snapshot(self, snapshot: Snapshot) -> Path | None:
+        """A disk snapshot of ``snapshot`` for a restarted server to load (None: none can be
+        written); blocking."""
+        return snapshot.path
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the transport holds (the end of the run)."""
@@ -214,10 +242,12 @@ class BroadcastPublisher(WeightPublisher):
         self.group: TransferGroup | None = None
         self._members: list[str] = []  # the server URLs of the current group, by rank - 1
         self._snapshots = 0
+        self._root: Path | None = None  # where disk snapshots go (the fallback's too)
+        self.fallbacks = 0  # publications that fell back to the disk for some server
 
     # ------------------------------------------------------------------ trainer side
     def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
-        path = None
+        path, self._root = None, root
         if self._snapshots % self.snapshot_every == 0:
             path = trainer.save_weights(root / f"v{version}")
         self._snapshots += 1
@@ -225,10 +255,21 @@ class BroadcastPublisher(WeightPublisher):
 
     def stats(self) -> dict[str, float]:
         disk = (self._snapshots + self.snapshot_every - 1) // self.snapshot_every
-        return {"transfer_groups": float(self.generation), "disk_snapshots": float(disk)}
+        return {
+            "transfer_groups": float(self.generation),
+            "disk_snapshots": float(disk),
+            "broadcast_fallbacks": float(self.fallbacks),
+        }
 
     def server_replaced(self, old: str, new: str) -> None:
         self.drop_group()  # the next publication re-forms it under a new name
+
+    def restart_snapshot(self, snapshot: Snapshot) -> Path | None:
+        """The publication's disk snapshot, written now from the held weights if it has
+        none (a server restarted between two ``snapshot_every`` snapshots)."""
+        if snapshot.path is None and snapshot.state is not None and self._root is not None:
+            snapshot.path = save_state(snapshot.state, self._root / f"v{snapshot.version}")
+        return snapshot.path
 
     def close(self) -> None:
         self.drop_group()
@@ -254,7 +295,38 @@ class BroadcastPublisher(WeightPublisher):
         calls = {url: client.update_weights_from_distributed(url, body) for url in self._members}
         send = asyncio.to_thread(group.send, list(state.values()))
         what = f"broadcast of weights v{snapshot.version} in group {group.name!r}"
-        await self._all_or_fail(calls, send, what, "receive the weights")
+        try:
+            await self._all_or_fail(calls, send, what, "receive the weights")
+        except BroadcastError as exc:
+            await self._fall_back_to_disk(client, snapshot, keep_kv, exc)
+
+    async def _fall_back_to_disk(
+        self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool, failure: BroadcastError
+    ) -> None:
+        """Load ``snapshot`` from its disk snapshot (written now from the held weights if it
+        has none) on the servers ``failure`` names (all when it names none); raise
+        ``failure`` if there is no disk to fall back to or the disk load fails too."""
+        urls = [u for u in failure.urls if u in client.urls] or list(client.urls)
+        if snapshot.path is None:
+            if self._root is None or snapshot.state is None:
+                raise failure
+            directory = self._root / f"v{snapshot.version}"
+            snapshot.path = await asyncio.to_thread(save_state, snapshot.state, directory)
+        print(
+            f"warning: {failure}; falling back to the disk snapshot {snapshot.path} for "
+            f"{', '.join(urls)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.fallbacks += 1
+        try:
+            await client.update_weights(
+                str(snapshot.path), version=snapshot.version, urls=urls, keep_kv=keep_kv
+            )
+        except RolloutServerError as exc:
+            if exc.unreachable:
+                raise  # the supervisor restarts the server and repeats the publication
+            raise BroadcastError(f"{failure}; the disk fallback failed too: {exc}") from exc
 
     async def ensure_group(self, client: RolloutClient) -> TransferGroup:
         """The current group if it holds exactly ``client``'s servers, else a new one."""
@@ -330,12 +402,13 @@ class BroadcastPublisher(WeightPublisher):
             if isinstance(exc, RolloutServerError) and exc.unreachable:
                 return RolloutServerError(url, f"{what} failed: unreachable ({exc})")
         if errors:  # a RolloutServerError names its server
-            return BroadcastError(f"{what} failed: {next(iter(errors.values()))}")
+            return BroadcastError(f"{what} failed: {next(iter(errors.values()))}", list(errors))
         silent = [u for t, u in tasks.items() if t not in answered]
         if silent:
             return BroadcastError(
                 f"{what} failed: rollout server(s) {', '.join(silent)} did not {verb} within "
-                f"{limit} (hung, or unable to reach this trainer's transfer port)"
+                f"{limit} (hung, or unable to reach this trainer's transfer port)",
+                silent,
             )
         exc = local.exception() if local.done() and not local.cancelled() else None
         return BroadcastError(f"{what} failed on the trainer side within {limit}: {exc!r}")

@@ -22,11 +22,11 @@ the publication's wait with a connection error; the publication then restarts th
 itself. Only a server being started (between spawn and healthy) is left alone.
 
 A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
-load the latest disk snapshot with its version, reroute the client, and tell the weight
-publisher (``relayrl.launch.publish``: the broadcast transport re-forms its transfer group
-under a new name). When the newest publication was broadcast only (no disk snapshot of its
-own), the servers are then brought to it by one more broadcast of the held weights — unless a
-publication is under way, which repeats itself anyway. Restarts are counted over the run;
+load the newest publication's disk snapshot with its version (when the newest publication
+was broadcast only, its held weights are written to disk first: the replacement never starts
+older than what was published, so no token it generates is staler than the bound allows),
+reroute the client, and tell the weight publisher (``relayrl.launch.publish``: the broadcast
+transport re-forms its transfer group under a new name). Restarts are counted over the run;
 one more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming
 the server, its exit status, the limit and the log.
 
@@ -36,7 +36,7 @@ subclass and ``ExternalServers`` implement it) and :class:`SupervisedClient`
 (``relayrl.engine.client.RolloutClient`` and ``VLLMClient``); the tests' fakes implement the
 same two (tests/launch/test_supervisor.py checks both sides against them).
 
-Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.launch.publish, relayrl.errors.
+Imports: relayrl.engine.client, relayrl.launch (servers, publish, publication), relayrl.errors.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from relayrl.engine.client import RolloutServerError
+from relayrl.engine.client import RolloutServerError, WeightsReport
 from relayrl.errors import RelayError
+from relayrl.launch.publication import Deadlines, PublicationSteps
 from relayrl.launch.publish import DiskPublisher, Snapshot, WeightPublisher
 from relayrl.launch.servers import healthy
 
@@ -109,12 +110,19 @@ class SupervisedClient(Protocol):
 
     recover: Callable[[str], Awaitable[str]] | None  # set by the supervisor
 
-    async def pause(self, mode: str = ...) -> Any:
-        """Pause every server (``abort``: running requests return, to be resubmitted)."""
+    urls: list[str]
+
+    async def pause(self, mode: str = ..., urls: list[str] | None = ...) -> Any:
+        """Pause every server, or ``urls`` (``abort``: running requests return, to be
+        resubmitted)."""
         ...
 
-    async def continue_generation(self) -> Any:
-        """Resume the servers after :meth:`pause`."""
+    async def continue_generation(self, urls: list[str] | None = ...) -> Any:
+        """Resume the servers (or ``urls``) after :meth:`pause`."""
+        ...
+
+    async def weights_report(self, url: str) -> WeightsReport:
+        """The version the server at ``url`` serves and the checksum of what it loaded."""
         ...
 
     async def update_weights(
@@ -143,6 +151,8 @@ class ServerSupervisor:
         hang_timeout_s: float = 60.0,
         publish_mode: str = "retract",
         publisher: WeightPublisher | None = None,
+        deadlines: Deadlines | None = None,
+        verify: bool = True,
     ) -> None:
         if publish_mode not in PUBLISH_MODES:
             raise ValueError(f"publish_mode must be one of {PUBLISH_MODES}, got {publish_mode!r}")
@@ -157,6 +167,8 @@ class ServerSupervisor:
         self.restarts = 0
         self.failovers = 0
         self.publisher = publisher or DiskPublisher()
+        # one publication attempt: pause -> load -> verify -> resume under its deadlines
+        self.steps = PublicationSteps(self.publisher, publish_mode, deadlines, verify)
         self.latest: tuple[Path, int] | None = None  # newest disk snapshot, its version
         self.newest: Snapshot | None = None  # newest publication (disk, broadcast or both)
         self._publishing = False  # a publication holds the lock (and repeats itself)
@@ -201,14 +213,20 @@ class ServerSupervisor:
 
     # ------------------------------------------------------------------ weights
     async def publish(
-        self, path: Path | None, version: int, state: Mapping[str, Any] | None = None
+        self,
+        path: Path | None,
+        version: int,
+        state: Mapping[str, Any] | None = None,
+        checksum: str | None = None,
     ) -> None:
         """Put publication ``version`` on every server through the weight publisher, under
-        ``publish_mode`` (see :meth:`WeightPublisher.load`): ``path`` is its disk snapshot
-        (None: broadcast only), ``state`` its weights to broadcast (None: disk only). A server
+        ``publish_mode``, as one transaction (``relayrl.launch.publication``): ``path`` is
+        its disk snapshot (None: broadcast only), ``state`` its weights to broadcast (None:
+        disk only), ``checksum`` what every server must report having loaded. A server
         found unreachable on the way is restarted (with the latest disk snapshot) and the
-        publication repeated; other errors propagate."""
-        snapshot = Snapshot(version, Path(path) if path is not None else None, state)
+        publication repeated; so is one the failed attempt could not resume; other errors
+        propagate (a PublicationError names the server, the step and the version)."""
+        snapshot = Snapshot(version, Path(path) if path is not None else None, state, checksum)
         async with self._lock:
             if snapshot.path is not None:
                 self.latest = (snapshot.path, version)
@@ -217,7 +235,9 @@ class ServerSupervisor:
             try:
                 while True:
                     try:
-                        await self.publisher.load(self.client, snapshot, self.publish_mode)
+                        await self.steps.run(self.client, snapshot)
+                        if snapshot.path is not None:  # e.g. written by a broadcast fallback
+                            self.latest = (snapshot.path, version)
                         return
                     except RolloutServerError as exc:
                         if not exc.unreachable:
@@ -225,8 +245,45 @@ class ServerSupervisor:
                         await self._recover_locked(
                             exc.url, "stopped answering during a publication"
                         )
+                    except RelayError:
+                        await self._restart_unresumed()
+                        raise
             finally:
                 self._publishing = False
+
+    async def _restart_unresumed(self) -> None:
+        """Restart the servers a failed publication left paused (it could not resume them):
+        a server is never left paused."""
+        for url in self.steps.unresumed:
+            if url in self.launcher.urls:
+                i = self.launcher.index_of(url)
+                self.launcher.kill(i)
+                await self._restart(i, "could not be resumed after a failed publication")
+        self.steps.unresumed = []
+
+    async def resume_overdue(self) -> list[str]:
+        """The watchdog's check of paused servers: a server a publication has kept paused
+        for longer than its whole deadline is resumed and reported. Returns the URLs."""
+        limit = self.steps.deadlines.total_s
+        overdue = self.steps.watch.overdue(limit)
+        for url, (seconds, version, step) in overdue.items():
+            self.steps.watch.clear([url])
+            if url not in self.launcher.urls:
+                continue
+            print(
+                f"watchdog: rollout server {url} was paused for {seconds:.0f}s by the "
+                f"publication of v{version} ({step} step, deadline "
+                f"train.publish_timeout_s={limit:g}); resuming it",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                await asyncio.wait_for(
+                    self.client.continue_generation([url]), self.steps.deadlines.step_s
+                )
+            except (RolloutServerError, OSError, asyncio.TimeoutError) as exc:
+                print(f"watchdog: resuming {url} failed ({exc!r})", file=sys.stderr, flush=True)
+        return list(overdue)
 
     async def set_restart_snapshot(self, path: Path, version: int) -> None:
         """Make ``path``, a disk snapshot of ``version`` that every server already holds,
@@ -286,6 +343,7 @@ class ServerSupervisor:
                 continue
             self.client.replace_url(old, new)
             self._moved[old] = new
+            self.steps.watch.clear([old])  # a fresh server is not paused
             self.publisher.server_replaced(old, new)
             await self._catch_up()
             return new
@@ -299,7 +357,7 @@ class ServerSupervisor:
             return
         if self.latest is not None and self.latest[1] >= newest.version:
             return
-        await self.publisher.load(self.client, newest, self.publish_mode)
+        await self.steps.run(self.client, newest)
 
     async def _start_replacement(self, i: int) -> str:
         """A fresh server ``i``, healthy and holding the latest disk snapshot."""
@@ -309,10 +367,24 @@ class ServerSupervisor:
             await asyncio.to_thread(self.launcher.wait_healthy, [i])
         finally:
             self._starting.discard(i)
+        await self._newest_on_disk()
         if self.latest is not None:
             path, version = self.latest
             await self.client.update_weights(str(path), version=version, urls=[new])
         return new
+
+    async def _newest_on_disk(self) -> None:
+        """Make the newest publication the restart source: when it was broadcast only, its
+        held weights are written to disk now (``WeightPublisher.restart_snapshot``), so a
+        replacement starts at the newest version. A replacement that started older would
+        be routed requests before the catch-up broadcast reached it, and their tokens would
+        carry that older version: staleness past η after a restart (AReaL#1388)."""
+        newest = self.newest
+        if newest is None or (self.latest is not None and self.latest[1] >= newest.version):
+            return
+        path = await asyncio.to_thread(self.publisher.restart_snapshot, newest)
+        if path is not None:
+            self.latest = (path, newest.version)
 
     # ------------------------------------------------------------------ watchdog
     async def watch(self, on_fatal: Callable[[BaseException], None]) -> None:
@@ -322,9 +394,14 @@ class ServerSupervisor:
         failing_since: dict[str, float] = {}  # URL -> when /health first went unanswered
         restarts: dict[str, asyncio.Task] = {}  # URL -> the task restarting it
         next_probe = time.monotonic() + self.probe_every_s
+        resuming: asyncio.Task | None = None  # the watchdog resuming overdue paused servers
         try:
             while True:
                 await asyncio.sleep(WATCH_INTERVAL_S)
+                if (resuming is None or resuming.done()) and self.steps.watch.overdue(
+                    self.steps.deadlines.total_s
+                ):
+                    resuming = asyncio.create_task(self.resume_overdue())
                 probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
                 if probe:
                     next_probe = time.monotonic() + self.probe_every_s
@@ -353,6 +430,8 @@ class ServerSupervisor:
         except Exception as exc:  # noqa: BLE001 - the run must hear of any watchdog failure
             on_fatal(exc if isinstance(exc, RelayError) else RelayError(f"watchdog: {exc!r}"))
         finally:
+            if resuming is not None:
+                resuming.cancel()
             for task in restarts.values():
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: the run is ending anyway

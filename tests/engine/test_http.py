@@ -115,3 +115,82 @@ def test_connect_error_and_cancel_closes_the_connection():
         await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_control_requests_do_not_wait_behind_generation_on_a_paused_server():
+    """Issue 35: a vLLM publication hung because the generation requests held every pooled
+    connection of the client while the server was paused (it answers them only after
+    /resume), so the load and the resume waited for a connection forever. Here the pool is
+    4 connections, 4 generations wait on a paused server, and pause/load/resume still go
+    through; the generations then finish."""
+    from relayrl.engine.client import RolloutClient
+
+    async def scenario():
+        resumed = asyncio.Event()
+        served = []
+
+        async def handler(reader, writer):
+            while True:
+                try:
+                    path, _ = await _read_request(reader)
+                except (EOFError, ConnectionError, asyncio.IncompleteReadError):
+                    break
+                served.append(path)
+                if path == "/generate":
+                    await resumed.wait()  # a paused server holds generation requests
+                    payload = {"output_ids": [1], "meta_info": {"finish_reason": "stop"}}
+                elif path == "/continue_generation":
+                    resumed.set()
+                    payload = {"ok": True}
+                else:
+                    payload = {"ok": True}
+                writer.write(_answer(payload))
+                await writer.drain()
+            writer.close()
+
+        server, url = await _serve(handler)
+        async with server:
+            client = RolloutClient(url, max_connections=4, timeout=30.0)
+            await client.pause("in_place")
+            gens = [asyncio.ensure_future(client.generate([1, 2], {"seed": i})) for i in range(4)]
+            while served.count("/generate") < 4:
+                await asyncio.sleep(0.01)
+            # the pool is full of waiting generations: the control calls must not queue
+            await asyncio.wait_for(client.update_weights("/nowhere", version=1), 5.0)
+            await asyncio.wait_for(client.continue_generation(), 5.0)
+            outs = await asyncio.wait_for(asyncio.gather(*gens), 5.0)
+            await client.close()
+        assert [o.output_ids for o in outs] == [[1]] * 4
+
+    asyncio.run(scenario())
+
+
+def test_waiting_for_a_free_connection_counts_against_the_deadline():
+    """FastHTTP's deadline covers the wait for one of its ``max_connections`` slots."""
+
+    async def scenario():
+        release = asyncio.Event()
+
+        async def handler(reader, writer):
+            try:
+                await _read_request(reader)
+            except (EOFError, ConnectionError):
+                return
+            await release.wait()
+            writer.write(_answer({"ok": True}))
+            await writer.drain()
+            writer.close()
+
+        server, url = await _serve(handler)
+        async with server:
+            http = FastHTTP(timeout=0.5, max_connections=1)
+            first = asyncio.ensure_future(http.request("GET", url, "/a"))
+            await asyncio.sleep(0.05)
+            with pytest.raises(asyncio.TimeoutError):
+                await http.request("GET", url, "/b")  # no slot within 0.5 s
+            release.set()
+            with pytest.raises(asyncio.TimeoutError):
+                await first  # it waited past the deadline too
+            await http.aclose()
+
+    asyncio.run(scenario())

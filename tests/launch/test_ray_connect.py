@@ -29,7 +29,7 @@ def test_a_closed_port_fails_after_the_timeout_naming_what_was_tried():
     with pytest.raises(RelayError) as err:
         wait_for_port(f"127.0.0.1:{port}", f"127.0.0.1:{port}", 1.2)
     took = time.monotonic() - start
-    assert 0.9 < took < 5
+    assert 0.9 < took < 30  # 1.2 s idle; generous for a loaded machine, far below a hang
     message = str(err.value)
     assert message.startswith(f"ray.address='127.0.0.1:{port}': no Ray head answers at ")
     assert "TCP connection attempts over 1s (ray.connect_timeout_s) failed, last with " in message

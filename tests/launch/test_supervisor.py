@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from relayrl.engine.client import RolloutClient, RolloutServerError
+from relayrl.engine.client import RolloutClient, RolloutServerError, WeightsReport
 from relayrl.engine.vllm_client import VLLMClient
 from relayrl.errors import RelayError
 from relayrl.launch import supervisor as sup
@@ -91,13 +91,22 @@ class FakeClient:
             if url in self.launcher.dead:
                 raise RolloutServerError(url, "unreachable after 4 attempts")
 
-    async def pause(self, mode: str = "abort") -> None:
-        self.calls.append(f"pause:{mode}")
-        await self._check(list(self.launcher.urls))
+    @property
+    def urls(self) -> list[str]:
+        return list(self.launcher.urls)
 
-    async def continue_generation(self) -> None:
+    async def pause(self, mode: str = "abort", urls: list[str] | None = None) -> None:
+        self.calls.append(f"pause:{mode}")
+        await self._check(urls or list(self.launcher.urls))
+
+    async def continue_generation(self, urls: list[str] | None = None) -> None:
         self.calls.append("continue")
-        await self._check(list(self.launcher.urls))
+        await self._check(urls or list(self.launcher.urls))
+
+    async def weights_report(self, url: str) -> WeightsReport:
+        await self._check([url])
+        versions = [v for u, _, v in self.loaded if u == url]
+        return WeightsReport(versions[-1] if versions else 0, None)
 
     async def update_weights(
         self,
@@ -250,15 +259,16 @@ def test_many_failed_requests_make_one_restart_with_the_latest_weights():
 @pytest.mark.parametrize(
     ("mode", "calls"),
     [
-        ("retract", ["load:4"]),
-        ("inflight", ["load:4:keep_kv"]),
-        ("abort", ["pause:abort", "load:4", "continue"]),
+        ("retract", ["load:4"] * 2),
+        ("inflight", ["load:4:keep_kv"] * 2),
+        ("abort", ["pause:abort"] * 2 + ["load:4"] * 2 + ["continue"] * 2),
     ],
 )
 def test_publication_modes_send_the_right_calls(mode, calls):
-    """retract: one load (the servers re-queue running requests themselves); inflight: one
-    load with keep_kv (running requests keep their KV); abort: pause
-    with abort, load, continue (the client resubmits the aborted requests)."""
+    """Each step is one call per server (its deadline names the server): retract: a load
+    (the servers re-queue running requests themselves); inflight: a load with keep_kv
+    (running requests keep their KV); abort: pause with abort, load, continue (the client
+    resubmits the aborted requests)."""
     launcher = FakeLauncher(2)
     client = FakeClient(launcher)
     asyncio.run(ServerSupervisor(launcher, client, 3, publish_mode=mode).publish("/w/v4", 4))

@@ -316,6 +316,40 @@ def test_a_server_of_another_kind_is_refused(tmp_path, tiny_model_dir):
             builtin.stop()
 
 
+@pytest.mark.parametrize(
+    ("mode", "transport"), [("retract", "disk"), ("abort", "disk"), ("retract", "broadcast")]
+)
+def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir, mode, transport):
+    """The demo's η = 4 on vLLM (issue 35: it hung with the server paused): 6 steps, a
+    publication every step landing while up to (η + 1)·B·n requests are in flight, each
+    verified (version and checksum) and the first one's canary; on every step the engine's
+    behaviour logprobs of the tokens of the trainer's version equal the trainer's recompute
+    (engine_trainer_kl_k3), and no sample is staler than η."""
+    from relayrl.train.run import run_train
+
+    url, _ = server
+    run(load_model_dir(url, tiny_model_dir))  # the run's v0 (a test before left its own)
+    overrides = ["rollout.eta=4", "train.total_steps=6", f"train.publish_mode={mode}"]
+    overrides += [f"train.weight_transport={transport}", "train.broadcast_timeout_s=60"]
+    overrides += ["rollout.prompts_per_step=4", "rollout.n_samples=4"]
+    result = run_train(short_run_config(tmp_path, tiny_model_dir, url, *overrides))
+    rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if not r.get("final")]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert result.summary["publications"] >= 4  # the last may still be loading at the end
+    assert result.summary["publish_canaries"] >= 1
+    assert result.summary["publish_canary_max_logprob_diff"] < MAX_LOGPROB_DIFF
+    kl = [r["engine_trainer_kl_k3"] for r in steps if "engine_trainer_kl_k3" in r]
+    assert kl and all(k < MAX_MEAN_K3 for k in kl), kl
+    samples = [json.loads(ln) for ln in (tmp_path / "ext" / "samples.jsonl").open()]
+    assert all(s["trainer_version"] - s["version_min"] <= 4 for s in samples)
+
+
+async def load_model_dir(url: str, model_dir) -> None:
+    async with VLLMClient([url]) as client:
+        await client.update_weights(str(model_dir), version=0)
+
+
 def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
     """Last in the module: it leaves its own weights on the shared server."""
     from relayrl.train.run import run_train

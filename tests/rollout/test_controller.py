@@ -5,6 +5,7 @@ prompt order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass
 
@@ -214,6 +215,40 @@ def test_filter_cap_fills_the_batch_with_all_equal_groups():
     assert ctrl.counters["rejected_filtered"] == 2
     assert ctrl.counters["accepted_uniform_groups"] == 3
     assert [t.advantage for g in batch for t in g.trajectories] == [0.0] * 6
+
+
+def test_filter_cap_resets_every_step_and_is_checkpointed():
+    """The cap counts the groups dropped since the last batch was handed out: each of two
+    consecutive batches drops exactly ``max_filtered_per_step`` (issue 35: only one batch was
+    tested); a checkpoint taken mid-step carries the count, so a resumed controller drops
+    only what the step has left (here 1 of 2), and a fresh step starts from 0 again."""
+    options = filtering(prompts_per_step=3, eta=0, max_filtered_per_step=2)
+
+    async def two_batches(ctrl):
+        ctrl.start()
+        try:
+            await ctrl.next_batch()
+            dropped_first = ctrl.counters["rejected_filtered"]
+            after_first = ctrl.state_dict()["filtered_this_step"]
+            ctrl.set_published_version(1)  # η = 0: the next batch waits for v1
+            await ctrl.next_batch()
+            return dropped_first, after_first, ctrl.counters["rejected_filtered"]
+        finally:
+            await ctrl.stop()
+
+    ctrl = make_controller(FakeServers(random.Random(6)), options, lambda p, t: FakeReward(1.0))
+    assert asyncio.run(two_batches(ctrl)) == (2, 0, 4)
+
+    source = make_controller(FakeServers(random.Random(7)), options, lambda p, t: FakeReward(1.0))
+    state = json.loads(json.dumps(source.state_dict()))  # as a checkpoint stores it
+    state["filtered_this_step"] = 1  # one group of this step was dropped before the save
+    resumed = make_controller(FakeServers(random.Random(7)), options, lambda p, t: FakeReward(1.0))
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["filtered_this_step"] == 1
+    one_batch(resumed)
+    assert resumed.counters["rejected_filtered"] == 1  # the step's cap had 1 left
+    assert resumed.counters["accepted_uniform_groups"] == 3
+    assert resumed.state_dict()["filtered_this_step"] == 0
 
 
 def test_filter_cap_still_stops_a_run_whose_groups_are_all_equal():

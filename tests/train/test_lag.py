@@ -132,3 +132,51 @@ def test_lag_runs_cannot_resume(tmp_path):
     config = rl_config(tmp_path, "unused", "rollout.lag=uniform")
     with pytest.raises(RelayError, match="cannot be resumed"):
         run_train(config, resume=True)
+
+
+def test_a_lagged_batch_was_generated_by_the_weights_of_v_minus_d(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Issue 35: labels are not weights. The trainer's weights at every version are
+    captured as the run hands them over; each trained sample's behaviour logprobs are then
+    recomputed under the weights of version v − d (d = min(η, v), fixed lag): they match
+    to float32 noise, and under the trainer's own version v they do not (the check can
+    tell the versions apart)."""
+    eta, steps = 2, 4
+    captured: dict[int, dict[str, torch.Tensor]] = {}
+    add = WeightHistory.add
+
+    def capture(self, version, model):
+        captured[version] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        return add(self, version, model)
+
+    monkeypatch.setattr(WeightHistory, "add", capture)
+    config = rl_config(
+        tmp_path,
+        tiny_model_dir,
+        "rollout.lag=fixed",
+        f"rollout.eta={eta}",
+        f"train.total_steps={steps}",
+        "optim.lr=1e-3",
+        "train.dump_trajectories=true",
+    )
+    run_train(config, grader=parity_grader)
+    model = load_model(tiny_model_dir).eval()
+
+    def worst_diff(row: dict, version: int) -> float:
+        model.load_state_dict(captured[version], strict=False)
+        t = row["trajectory"]
+        with torch.no_grad():
+            logits = model(torch.tensor([t["prompt_ids"] + t["completion_ids"]])).logits
+            logp = torch.log_softmax(logits[0, len(t["prompt_ids"]) - 1 : -1].float(), dim=-1)
+        mine = logp.gather(-1, torch.tensor(t["completion_ids"])[:, None])[:, 0]
+        return float((mine - torch.tensor(t["behav_logprobs"])).abs().max())
+
+    rows = _samples(tmp_path / "run")
+    assert {r["step"] for r in rows} == set(range(steps))
+    for row in rows:
+        v = row["step"]
+        source = v - min(eta, v)
+        assert worst_diff(row, source) < 1e-4, (v, source)
+        if source != v:
+            assert worst_diff(row, v) > 1e-3, (v, source)

@@ -148,6 +148,9 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(
     assert len(kl) >= 1 and max(kl) < MAX_MEAN_K3
     assert max(r["staleness_max"] for r in steps) <= ETA
     assert result.summary["publications"] == STEPS - 1
+    # every publication verified (version, checksum); canaries on publications 1, 11, 21
+    assert result.summary["publish_canaries"] == 3
+    assert result.summary["publish_canary_max_logprob_diff"] < 1e-3
 
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     per_group = Counter(s["group_id"] for s in samples)

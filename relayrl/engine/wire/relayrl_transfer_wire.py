@@ -23,6 +23,7 @@ hanging the run.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,18 @@ DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
+
+
+def weights_checksum(named) -> str:
+    """SHA-256 over ``(name, tensor)`` pairs in name order, each tensor's float32 bytes:
+    equal on the trainer and on a server exactly when they hold the same values under the
+    same names (a publication's proof of delivery, relayrl.launch.publication)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        digest.update(name.encode())
+        data = tensor.detach().to("cpu", torch.float32).contiguous()
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def dtype_from_name(name: str) -> torch.dtype:

@@ -7,12 +7,15 @@ broadcast transport loads too: the same buckets, in the same order, on both ends
 
 Its methods are called through vLLM's ``POST /collective_rpc`` (``relayrl.engine.vllm_client``):
 
-* ``relayrl_load_weights(weights_path)``: the disk transport;
+* ``relayrl_load_weights(weights_path)``: the disk transport (the snapshot is read here, so
+  its checksum is computed over exactly the tensors loaded);
 * ``relayrl_join_group(...)`` and ``relayrl_receive_weights(...)``: the broadcast transport
   (join the trainer's gloo transfer group; receive one publication from it and load it);
 * ``relayrl_leave_group()``.
 
-A publication is received whole before anything is loaded, so a broadcast that fails midway
+Every load reports ``checksum``: ``weights_checksum`` of the tensors it loaded, which
+relayrl's publication transaction compares with the trainer's (proof that the weights
+delivered are the ones published). A publication is received whole before anything is loaded, so a broadcast that fails midway
 (the trainer left the group, a deadline passed) leaves the served weights as they were. The
 received tensors are loaded exactly as a disk snapshot is: through vLLM's in-place
 ``reload_weights``, i.e. the model's own ``load_weights`` (vLLM's name mapping, fused qkv and
@@ -33,11 +36,10 @@ what the server samples from is exactly what was published.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
-from relayrl_transfer_wire import WireGroup, dtype_from_name
+from relayrl_transfer_wire import WireGroup, dtype_from_name, weights_checksum
 
 
 class RelayWeightLoader:
@@ -46,7 +48,7 @@ class RelayWeightLoader:
     _relayrl_group: WireGroup | None = None  # the transfer group joined, if any
 
     def relayrl_load_weights(self, weights_path: str) -> dict:
-        return self._relayrl_reload(weights_path=weights_path)
+        return self._relayrl_reload(_read_snapshot(weights_path))
 
     def relayrl_join_group(
         self,
@@ -97,7 +99,7 @@ class RelayWeightLoader:
             error = f"the broadcast in group {group_name!r} failed ({exc}); the group is left"
             return {"success": False, "error": error}
         try:
-            out = self._relayrl_reload(weights_iterator=state.items())
+            out = self._relayrl_reload(state)
         except Exception as exc:  # noqa: BLE001 - e.g. a name the model does not have
             return {"success": False, "error": f"loading the received weights failed: {exc}"}
         return {"success": True, "tensors": len(state), **out}
@@ -108,16 +110,29 @@ class RelayWeightLoader:
             group.close()
         return {"success": True, "left": group.name if group is not None else None}
 
-    def _relayrl_reload(
-        self,
-        weights_path: str | None = None,
-        weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
-    ) -> dict[str, Any]:
-        """vLLM's in-place reload (from disk or from tensors), then the CPU GEMM rebuild."""
-        self.model_runner.reload_weights(
-            weights_iterator=weights_iterator, weights_path=weights_path
-        )
-        return {"rebuilt_cpu_gemm": _rebuild_cpu_gemm(self.model_runner.get_model())}
+    def _relayrl_reload(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """vLLM's in-place reload of ``state``, then the CPU GEMM rebuild; reports the
+        checksum of the weights it loaded (the publisher compares it with the trainer's)."""
+        checksum = weights_checksum(state.items())
+        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
+        rebuilt = _rebuild_cpu_gemm(self.model_runner.get_model())
+        return {"success": True, "rebuilt_cpu_gemm": rebuilt, "checksum": checksum}
+
+
+def _read_snapshot(weights_path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a disk snapshot (a ``.safetensors`` file or a directory of them)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    path = Path(weights_path)
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors under {weights_path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
 
 
 def _rebuild_cpu_gemm(model: torch.nn.Module) -> int:

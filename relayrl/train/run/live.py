@@ -33,6 +33,7 @@ from relayrl.errors import RelayError
 from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend
+from relayrl.launch.publication import Deadlines
 from relayrl.launch.publish import make_publisher
 from relayrl.launch.servers import ExternalServers, ServerLauncher
 from relayrl.launch.supervisor import ServerSupervisor
@@ -134,6 +135,8 @@ class LiveSource:
             cfg.rollout.server_hang_timeout_s,
             cfg.train.publish_mode,
             publisher,
+            Deadlines(cfg.train.publish_step_timeout_s, cfg.train.publish_timeout_s),
+            cfg.train.publish_verify,
         )
         rollout = RolloutSide.build(
             setup,
@@ -143,7 +146,9 @@ class LiveSource:
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
-        publication = Publication(setup.trainer, rollout.controller, supervisor, publisher, weights)
+        publication = Publication(
+            setup.trainer, rollout.controller, supervisor, publisher, weights, cfg.train
+        )
         return cls(setup, launcher, client, supervisor, rollout, publication)
 
     # ------------------------------------------------------------------ the run

@@ -1,26 +1,29 @@
 """The trainer side of weight publication in a live run: hand the trainer's weights to the
 launch layer, in order, and tell the rollout controller when the servers have them.
 
-This module is the one call site of the launch layer's publication (snapshot with the
-``train.weight_transport`` publisher, then ``ServerSupervisor.publish``); the transaction
-itself (loading, restarts, which snapshot a restarted server loads) is ``relayrl.launch``'s.
+This module is the one call site of the launch layer's publication transaction
+(``relayrl.launch.publication.Publication``: snapshot with the ``train.weight_transport``
+publisher, then pause → load → verify → resume → canary on every server under deadlines,
+through the supervisor); the transaction, restarts and which snapshot a restarted server
+loads are ``relayrl.launch``'s. This side decides when to publish and brings the servers to
+the trainer's version before an evaluation on them.
 
-Owns: :class:`Publication`, :func:`publish_interval`, :func:`remove_older_snapshots` and
-:func:`weights_root`. Imports: config, the launch layer's publisher and supervisor, the
-rollout controller, the orphaned-directory sweep of relayrl.train.resume.
+Owns: :class:`Publication`, :func:`publish_interval` and :func:`weights_root`. Imports:
+config, the launch layer's publication and supervisor, the rollout controller, the
+orphaned-directory sweep of relayrl.train.resume.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from relayrl.config.schema import RunConfig
-from relayrl.launch.publish import Snapshot, WeightPublisher
+from relayrl.config.schema import RunConfig, TrainConfig
+from relayrl.launch.publication import Canary, remove_older_snapshots
+from relayrl.launch.publication import Publication as Transaction
+from relayrl.launch.publish import WeightPublisher
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.metric_names import PUBLICATIONS, PUBLISH_LATENCY_MEAN_S, WEIGHT_TRANSPORT
 from relayrl.rollout.controller import RolloutController
@@ -28,21 +31,21 @@ from relayrl.train.distributed import TrainerGroup
 from relayrl.train.resume import remove_orphaned_dirs
 from relayrl.train.trainer import RLTrainer
 
+# how long the run, ending, waits for a cancelled publication to leave the servers resumed
+EXIT_PUBLICATION_WAIT_S = 30.0
+
+__all__ = [
+    "EXIT_PUBLICATION_WAIT_S",
+    "Publication",
+    "publish_interval",
+    "remove_older_snapshots",
+    "weights_root",
+]
+
 
 def publish_interval(publish_every: int, eta: int) -> int:
     """Steps between publications: ``publish_every``, capped at η + 1 (no starvation)."""
     return max(1, min(publish_every, eta + 1))
-
-
-def remove_older_snapshots(root: Path, version: int) -> list[Path]:
-    """Delete the published weight snapshots ``root/v<k>`` with ``k < version`` (the servers
-    have loaded ``version``); nothing else under ``root`` is touched. Returns what went."""
-    removed = []
-    for old in root.glob("v*"):
-        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < version:
-            shutil.rmtree(old, ignore_errors=True)
-            removed.append(old)
-    return sorted(removed)
 
 
 def weights_root(config: RunConfig, run_dir: Path) -> Path:
@@ -64,8 +67,8 @@ def weights_root(config: RunConfig, run_dir: Path) -> Path:
 
 class Publication:
     """Publications of the trainer's weights to a live run's servers, one at a time and in
-    version order; the controller's admission bound moves up once the servers have loaded
-    one."""
+    version order, through the launch layer's transaction; the controller's admission bound
+    moves up once every server serves one."""
 
     def __init__(
         self,
@@ -74,59 +77,33 @@ class Publication:
         supervisor: ServerSupervisor,
         publisher: WeightPublisher,
         weights: Path,
+        train: TrainConfig,
     ) -> None:
         self.trainer, self.controller = trainer, controller
         self.supervisor, self.publisher, self.weights = supervisor, publisher, weights
-        self._in_flight: asyncio.Task | None = None
-        self.seconds = 0.0  # how long the last finished publication took
-        self.count = 0
-        self.total_s = 0.0
+        canary = Canary(train.publish_canary_every, train.publish_canary_tolerance)
+        self.transaction = Transaction(supervisor, publisher, weights, controller, canary)
+
+    @property
+    def seconds(self) -> float:
+        """How long the last finished publication took."""
+        return self.transaction.last_seconds
 
     async def publish(self, wait: bool = False) -> float:
         """Publish the trainer's current version in the background (after the previous
         publication, so versions arrive in order); returns the seconds the trainer was
         held: the snapshot, plus the previous publication if it is still loading."""
-        start = time.perf_counter()
-        await self.finish()
-        self._in_flight = await self._publish(self.trainer.version)
-        if wait:
-            await self.finish()
-        return time.perf_counter() - start
-
-    async def _publish(self, version: int) -> asyncio.Task:
-        """The hand-over to the launch layer: snapshot the weights of ``version`` (held
-        trainer) and load them into the servers in a background task."""
-        snapshot = await asyncio.to_thread(
-            self.publisher.snapshot, self.trainer, self.weights, version
-        )  # train.weight_transport: a disk snapshot, a CPU copy to broadcast, or both
-        return asyncio.create_task(self._load(snapshot), name=f"publish-v{version}")
-
-    async def _load(self, snapshot: Snapshot) -> None:
-        start, version = time.perf_counter(), snapshot.version
-        try:
-            await self.supervisor.publish(snapshot.path, version, snapshot.state)
-        except Exception as exc:  # the trainer learns of it from its next batch
-            self.controller.fail(exc)
-            raise
-        self.controller.set_published_version(version)
-        self.seconds = time.perf_counter() - start
-        self.count += 1
-        self.total_s += self.seconds
-        if self.supervisor.latest is not None:  # keep the newest disk snapshot (restarts)
-            remove_older_snapshots(self.weights, self.supervisor.latest[1])
+        return await self.transaction.submit(self.trainer, self.trainer.version, wait)
 
     async def finish(self) -> None:
         """Wait for the publication in flight, if any (its error already reached the
-        controller, which raises it from ``next_batch``)."""
-        task, self._in_flight = self._in_flight, None
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+        controller, which raises it from ``next_batch``; it bounds itself by its deadlines)."""
+        await self.transaction.finish()
 
     async def cancel(self) -> None:
-        """Cancel the publication in flight and wait for it to end."""
-        if self._in_flight is not None:
-            self._in_flight.cancel()
-        await self.finish()
+        """The run is ending: cancel the publication in flight (it resumes what it paused)
+        and wait for it at most :data:`EXIT_PUBLICATION_WAIT_S` seconds."""
+        await self.transaction.close(EXIT_PUBLICATION_WAIT_S)
 
     async def servers_to_trainer(self) -> None:
         """Wait for the publication in flight, then publish the trainer's weights and wait
@@ -153,11 +130,13 @@ class Publication:
 
     def summary(self) -> dict[str, float | str]:
         """The run's publication figures: count, mean latency, the transport's own."""
+        count = self.transaction.count
         return {
-            PUBLICATIONS: self.count,
-            PUBLISH_LATENCY_MEAN_S: self.total_s / max(self.count, 1),
+            PUBLICATIONS: count,
+            PUBLISH_LATENCY_MEAN_S: self.transaction.total_seconds / max(count, 1),
             WEIGHT_TRANSPORT: self.publisher.name,
             **self.publisher.stats(),
+            **self.transaction.stats(),
         }
 
     def close(self) -> None:
