@@ -3,7 +3,8 @@
 Owns: :class:`ServeOptions` (what a server process needs: model directory, bind address,
 API key, torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
 the one entry point that both ``relayrl serve`` (from its argv) and the run launcher (from a
-JSON copy of the options, :meth:`ServeOptions.to_json`) call; neither goes through the other.
+JSON copy of the options, :meth:`ServeOptions.to_json`, and the API key in its environment)
+call; neither goes through the other.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        """The options as JSON for a child's command line: without the API key, which
+        travels in the child's environment (``RELAYRL_API_KEY``; argv is public)."""
+        return json.dumps({**asdict(self), "api_key": None})
 
     @classmethod
     def from_json(cls, text: str) -> ServeOptions:

@@ -9,8 +9,11 @@ ids, logprobs and versions (``relayrl.engine.chat``). Request and response shape
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
 ``error`` names the field; a client that disconnects mid-request has its request aborted.
 
-Security: the server binds 127.0.0.1 by default; any other host requires an API key, and with
-a key every request must carry ``Authorization: Bearer <key>`` (401 otherwise).
+Security (docs/security.md): the server binds 127.0.0.1 by default; any other host requires an
+API key. With a key, every request but ``GET /health`` must carry ``Authorization: Bearer
+<key>`` (401 otherwise): the weight, pause and transfer-group endpoints, and generation too
+(it costs compute and reads the policy). A run's launcher always starts its servers with a
+fresh key (``relayrl.launch.servers``), also on loopback.
 """
 
 from __future__ import annotations
@@ -171,7 +174,8 @@ def check_bind(host: str, api_key: str | None) -> None:
     if not is_loopback(host) and not api_key:
         raise RelayError(
             f"refusing to serve on non-loopback host {host!r} without an API key; "
-            "pass --api-key (or RELAYRL_API_KEY) or bind 127.0.0.1"
+            "set RELAYRL_API_KEY or RELAYRL_API_KEY_FILE (or pass --api-key-file) or bind "
+            "127.0.0.1"
         )
 
 
@@ -261,15 +265,22 @@ async def _await_or_disconnect(request: Request, task: asyncio.Future) -> bool:
     return False
 
 
+OPEN_PATHS = frozenset({"/health"})  # answered without the key (GET only): liveness probes
+
+
 class ApiKeyMiddleware:
-    """Pure ASGI middleware: every HTTP request needs ``Authorization: Bearer <key>``."""
+    """Pure ASGI middleware: every HTTP request but ``GET /health`` needs
+    ``Authorization: Bearer <key>``."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
+            if scope.get("method") in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS:
+                await self.app(scope, receive, send)
+                return
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(header, self.expected):
                 response = _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
@@ -391,6 +402,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                     body.world_size,
                     body.group_name,
                     body.timeout_s,
+                    api_key,
                 )
             except RelayError as exc:
                 return _error(504, f"init_weights_update_group: {exc}")

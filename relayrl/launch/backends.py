@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,6 +34,7 @@ from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
+from relayrl.runkey import key_from_env, new_key
 
 
 async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str) -> None:
@@ -55,6 +57,9 @@ class RolloutBackend(ABC):
     def __init__(self, config: RunConfig, model_dir: Path | str) -> None:
         self.config = config
         self.model_dir = str(model_dir)
+        # the key the client sends: rollout.api_key / $RELAYRL_API_KEY for servers someone
+        # else started; :meth:`launcher` replaces it by a fresh one for launched servers
+        self.api_key: str | None = config.rollout.api_key or key_from_env()
 
     @abstractmethod
     def server_spec(self) -> Any:
@@ -76,7 +81,14 @@ class RolloutBackend(ABC):
         await self.check_protocol(client, url)
 
     def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        kwargs.setdefault("api_key", self.api_key)
         return self.client_class()(urls, **kwargs)
+
+    def launched_spec(self) -> Any:
+        """:meth:`server_spec` with a fresh per-run key (docs/security.md), which the
+        clients of this backend then send."""
+        self.api_key = new_key()
+        return replace(self.server_spec(), api_key=self.api_key)
 
     def launcher(self, run_dir: Path | None) -> ServerLauncher | ExternalServers:
         rollout = self.config.rollout
@@ -86,7 +98,7 @@ class RolloutBackend(ABC):
             from relayrl.launch.ray_cluster import RayServerLauncher
 
             return RayServerLauncher(
-                self.server_spec(),
+                self.launched_spec(),
                 rollout.num_servers,
                 rollout.server_mode,
                 log_dir=run_dir,
@@ -94,7 +106,7 @@ class RolloutBackend(ABC):
                 ray_config=self.config.ray,
             )
         return ServerLauncher(
-            self.server_spec(),
+            self.launched_spec(),
             rollout.num_servers,
             rollout.server_mode,
             log_dir=run_dir,
@@ -186,8 +198,9 @@ class VLLMBackend(RolloutBackend):
             "/is_paused",
             "does not expose vLLM's RL endpoints",
             "start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, --logprobs-mode "
-            "processed_logprobs and --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
-            "(docs/engine.md)",
+            "processed_logprobs, --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
+            "and --middleware relayrl_vllm_guard.RelayGuard with RELAYRL_API_KEY set "
+            "(docs/engine.md, docs/security.md)",
         )
 
     async def check_server(self, client: RolloutClient, url: str) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
+from relayrl.runkey import API_KEY_ENV
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
@@ -80,7 +81,10 @@ def serve_child(options_json: str) -> None:
     from relayrl.engine.serve import ServeOptions, serve_main
 
     try:
-        sys.exit(serve_main(ServeOptions.from_json(options_json)))
+        options = ServeOptions.from_json(options_json)
+        # the key comes in the environment, never in argv; no grandchild inherits it
+        options.api_key = os.environ.pop(API_KEY_ENV, None) or options.api_key
+        sys.exit(serve_main(options))
     except RelayError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
@@ -154,6 +158,8 @@ class ServerSpec:
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
+    # the key every request but /health needs; handed over in the environment (not argv)
+    api_key: str | None = field(default=None, repr=False)
 
     def engine_options(self):
         from relayrl.engine.types import EngineOptions
@@ -178,7 +184,10 @@ class ServerSpec:
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
     def environment(self, index: int) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(self.threads)}
+        env = {"OMP_NUM_THREADS": str(self.threads)}
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        return env
 
 
 @dataclass
@@ -296,7 +305,7 @@ class ServerLauncher:
                 f"rollout.server_mode=thread runs only the built-in engine, not {self.spec.kind}"
             )
         engine = Engine.from_pretrained(self.spec.model_dir, self.spec.engine_options())
-        server = ServerThread(create_app(engine)).start()
+        server = ServerThread(create_app(engine, self.spec.api_key)).start()
         self._threads.append((server, engine))
         self.urls.append(server.url)
 
