@@ -7,7 +7,9 @@ Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_gene
 (``relayrl.engine.transfer``; docs/cluster.md), and an OpenAI-compatible ``POST /v1/chat/completions`` with token
 ids, logprobs and versions (``relayrl.engine.chat``). Request and response shapes follow
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
-``error`` names the field; a client that disconnects mid-request has its request aborted.
+``error`` names the field (one bad request of a batch or of an engine step fails alone); a
+client that disconnects mid-request has its request aborted; bodies over 64 MiB and clients
+slower than the read deadlines are cut off (``relayrl.engine.limits``).
 
 Security (docs/security.md): the server binds 127.0.0.1 by default; any other host requires an
 API key. With a key, every request but ``GET /health`` must carry ``Authorization: Bearer
@@ -33,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
+from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol
 from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.errors import RelayError
@@ -115,18 +118,23 @@ class UpdateWeightsIn(_Strict):
     keep_kv: bool = False
 
 
+MAX_GROUP_SIZE = 1 << 16
+MAX_GROUP_TIMEOUT_S = 86400.0
+
+
 class InitGroupIn(_Strict):
     """Join the weight-transfer group (SGLang's ``/init_weights_update_group``): this server
     is rank ``rank_offset`` of ``world_size``, rank 0 (the trainer) hosts the rendezvous."""
 
-    master_address: str = Field(min_length=1)
+    master_address: str = Field(min_length=1, max_length=255)
     master_port: int = Field(gt=0, lt=65536)
-    rank_offset: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    group_name: str = Field(min_length=1)
+    rank_offset: int = Field(ge=1, le=MAX_GROUP_SIZE)
+    world_size: int = Field(ge=2, le=MAX_GROUP_SIZE)
+    group_name: str = Field(min_length=1, max_length=255)
     backend: str = "gloo"
     # relayrl extension: the deadline of the join and of every broadcast in the group
-    timeout_s: float = Field(60.0, gt=0)
+    # (bounded: 1e300 overflowed the timedelta after the current group was torn down)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_GROUP_TIMEOUT_S, allow_inf_nan=False)
 
 
 class UpdateDistributedIn(_Strict):
@@ -293,6 +301,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``engine``."""
     app = FastAPI(title="relayrl rollout server")
     app.state.engine = engine
+    app.add_middleware(BodyLimitMiddleware)  # inside the key check: no body read before it
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
@@ -466,7 +475,9 @@ class ServerThread:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", http=DeadlineH11Protocol
+        )
         self.server = uvicorn.Server(config)
         self.host = host
         self._thread = threading.Thread(target=self.server.run, name="relayrl-server", daemon=True)
@@ -509,5 +520,10 @@ def serve(
 
     check_bind(host, api_key)
     uvicorn.run(
-        create_app(engine, api_key), host=host, port=port, log_level="info", access_log=access_log
+        create_app(engine, api_key),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+        http=DeadlineH11Protocol,  # header and body read deadlines (relayrl.engine.limits)
     )
