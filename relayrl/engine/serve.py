@@ -10,6 +10,7 @@ call; neither goes through the other.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 
 from relayrl.engine.types import EngineOptions
@@ -42,6 +43,14 @@ def serve_main(options: ServeOptions) -> int:
     from relayrl.engine.server import check_bind
 
     check_bind(options.host, options.api_key)  # before loading anything
+    if not options.api_key:
+        print(
+            f"warning: serving on {options.host} without an API key: any local user can load "
+            "weights into it or pause it; set RELAYRL_API_KEY or --api-key-file "
+            "(docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     if options.threads < 1:
         raise RelayError("--threads must be >= 1")
     import torch

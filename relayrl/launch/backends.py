@@ -46,6 +46,12 @@ async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str
     except RolloutServerError as exc:
         if exc.unreachable:
             raise
+        if exc.status == 401:
+            sent = "the key it was sent" if client.api_key else "a request without a key"
+            raise RelayError(
+                f"rollout server {url} refused {sent} (GET {path}: HTTP 401); set its key in "
+                "rollout.api_key, $RELAYRL_API_KEY or $RELAYRL_API_KEY_FILE (docs/security.md)"
+            ) from exc
         raise RelayError(f"rollout server {url} {what} (GET {path}: {exc}); {hint}") from exc
 
 

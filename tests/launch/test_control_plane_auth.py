@@ -171,3 +171,31 @@ def test_the_transfer_store_listens_on_the_group_interface_and_needs_the_secret(
             g.close()
 
     asyncio.run(with_the_secret())
+
+
+def test_an_external_server_refusing_the_key_is_one_error_naming_the_setting(
+    tiny_model_dir, monkeypatch
+):
+    from relayrl.engine.engine import Engine
+    from relayrl.engine.server import ServerThread, create_app
+
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    with Engine.from_pretrained(str(tiny_model_dir)) as engine:
+        server = ServerThread(create_app(engine, "theirs")).start()
+        try:
+            for extra in ([], ["rollout.api_key=wrong"], ["rollout.api_key=theirs"]):
+                urls = f"rollout.server_urls=[{server.url}]"
+                backend = make_backend(builtin_config(tiny_model_dir, urls, *extra), tiny_model_dir)
+
+                async def check(backend=backend) -> None:
+                    async with backend.client([server.url]) as client:
+                        await backend.check_servers(client)
+
+                if extra == ["rollout.api_key=theirs"]:
+                    asyncio.run(check())
+                    continue
+                sent = "the key it was sent" if extra else "a request without a key"
+                with pytest.raises(RelayError, match=f"refused {sent}.*rollout.api_key"):
+                    asyncio.run(check())
+        finally:
+            server.stop()
