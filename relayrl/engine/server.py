@@ -15,7 +15,7 @@ Security (docs/security.md): the server binds 127.0.0.1 by default; any other ho
 API key. With a key, every request but ``GET /health`` must carry ``Authorization: Bearer
 <key>`` (401 otherwise): the weight, pause and transfer-group endpoints, and generation too
 (it costs compute and reads the policy). A run's launcher always starts its servers with a
-fresh key (``relayrl.launch.servers``), also on loopback.
+fresh key (``relayrl.launch.backends``), also on loopback.
 """
 
 from __future__ import annotations
