@@ -14,6 +14,11 @@ backend is two things that the run, the launcher and the supervisor use and noth
   check run on every server before training (launched or external);
   :meth:`RolloutBackend.check_protocols` the read-only one before an evaluation.
 
+Keys (docs/security.md): the servers a backend launches get a fresh run key
+(:meth:`RolloutBackend.launched_spec`), servers someone else started the one of
+``rollout.api_key`` / ``$RELAYRL_API_KEY`` / ``$RELAYRL_API_KEY_FILE``; the backend's clients
+send it (:attr:`RolloutBackend.api_key`).
+
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
 ``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
 Another engine (SGLang, say) is one more subclass and one registry line.

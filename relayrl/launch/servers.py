@@ -9,7 +9,9 @@ killed trainer never leaves servers behind. What the child runs is its spec's
 (:func:`serve_child`), a vLLM server for ``relayrl.launch.vllm.VLLMServerSpec``. A spec with
 ``new_session`` (vLLM, which forks an engine-core and a worker process) gets a process group
 of its own, and every signal goes to the whole group, so no grandchild outlives it.
-``mode="thread"`` runs the built-in HTTP server in this process (tests).
+``mode="thread"`` runs the built-in HTTP server in this process (tests). A spec's ``api_key``
+(the run key, docs/security.md) reaches the child in its environment (``RELAYRL_API_KEY``),
+never in its command line, which every user of the machine can read.
 :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a server that died (with
 the most telling line of its log); :meth:`respawn` replaces one server by a fresh process
 (the policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a
