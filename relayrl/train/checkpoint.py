@@ -1,8 +1,8 @@
 """Atomic, verified checkpoints: one directory per training step under ``<run>/checkpoints``.
 
 Owns: :class:`CheckpointStore` (write, verify, find the newest good checkpoint, keep the last
-N), :class:`Checkpoint` (a verified checkpoint on disk), :class:`CorruptCheckpoint` and
-:class:`CheckpointWarning`. What goes *into* a checkpoint is ``relayrl.train.resume``'s job.
+N), :class:`Checkpoint` (a verified checkpoint on disk), :class:`CorruptCheckpoint`,
+:class:`UnsafeCheckpoint` and :class:`CheckpointWarning`. What goes *into* a checkpoint is ``relayrl.train.resume``'s job.
 
 Layout of ``<run>/checkpoints/step-000012/``::
 
@@ -64,6 +64,11 @@ PICKLED_DCP_METADATA = ".metadata"  # what torch's own DCP writer leaves: a pick
 
 class CorruptCheckpoint(Exception):
     """A checkpoint directory failed verification; the message says what is wrong."""
+
+
+class UnsafeCheckpoint(CorruptCheckpoint):
+    """A checkpoint that loading could run code from (a pickled DCP ``.metadata``, written by
+    an older relayrl): skipped like a corrupt one but left on disk."""
 
 
 class CheckpointWarning(UserWarning):
@@ -174,7 +179,7 @@ def _checked_manifest(manifest: Any) -> dict[str, dict[str, Any]]:
         if Path(rel).is_absolute() or ".." in parts or not parts:
             raise CorruptCheckpoint(f"manifest.json: file {rel!r} lies outside the checkpoint")
         if parts[-1] == PICKLED_DCP_METADATA:
-            raise CorruptCheckpoint(
+            raise UnsafeCheckpoint(
                 f"{rel}: pickled DCP metadata (written by an older relayrl); not loaded, "
                 "unpickling runs code"
             )
@@ -216,13 +221,16 @@ class CheckpointStore:
             try:
                 return verify(path)
             except CorruptCheckpoint as exc:
+                unsafe = isinstance(exc, UnsafeCheckpoint)
+                done = "left it in place" if unsafe else "removed it"
                 warnings.warn(
                     CheckpointWarning(
-                        f"checkpoint {path} is unusable ({exc}); removed it, trying the previous one"
+                        f"checkpoint {path} is unusable ({exc}); {done}, trying the previous one"
                     ),
                     stacklevel=2,
                 )
-                shutil.rmtree(path, ignore_errors=True)
+                if not unsafe:
+                    shutil.rmtree(path, ignore_errors=True)
         return None
 
     def clear(self) -> int:
