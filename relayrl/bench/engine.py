@@ -88,6 +88,7 @@ def _bench_vllm(model_dir: Path, work: Workload, batch: int, args) -> float:
     from relayrl.engine.vllm_client import VLLMClient
     from relayrl.launch.servers import ServerLauncher
     from relayrl.launch.vllm import VLLMServerSpec, find_vllm_python
+    from relayrl.runkey import new_key
 
     spec = VLLMServerSpec(
         model_dir=str(model_dir),
@@ -95,10 +96,13 @@ def _bench_vllm(model_dir: Path, work: Workload, batch: int, args) -> float:
         threads=args.threads,
         max_running_requests=batch,
         dtype=args.dtype,
+        api_key=new_key(),
     )
 
     async def run(url: str) -> float:
-        async with VLLMClient([url], timeout=3600.0, max_connections=len(work.prompts)) as client:
+        async with VLLMClient(
+            [url], api_key=spec.api_key, timeout=3600.0, max_connections=len(work.prompts)
+        ) as client:
             warm = SamplingParams(max_new_tokens=4, ignore_eos=True)
             await asyncio.gather(*(client.generate(p, warm) for p in work.prompts[:batch]))
             start = time.perf_counter()

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HELP = "weight publication latency: disk vs broadcast transport, tiny and small presets"
 
@@ -86,7 +88,7 @@ def nudge(model, seed: int) -> None:
 
 
 async def publish_rounds(
-    urls: list[str], model, root: Path, rounds: int, client_class: type
+    urls: list[str], model, root: Path, rounds: int, client_class: Any
 ) -> dict[str, dict]:
     """Time ``rounds`` publications per transport through a ``client_class`` client; per
     transport, the median seconds of each phase."""
@@ -181,16 +183,20 @@ async def check_rounds(launcher, model, root: Path, rounds: int, client_class: t
 
 def server_spec(model_dir: Path, args: argparse.Namespace):
     """The server spec and client class of ``--engine``."""
+    from relayrl.runkey import new_key
+
+    key = new_key()  # as a run's launcher: the servers need it, the client sends it
     if args.engine == "vllm":
         from relayrl.engine.vllm_client import VLLMClient
         from relayrl.launch.vllm import VLLMServerSpec, find_vllm_python
 
-        spec = VLLMServerSpec(str(model_dir), find_vllm_python(args.vllm_python), max_seq_len=256)
-        return spec, VLLMClient
+        python = find_vllm_python(args.vllm_python)
+        spec = VLLMServerSpec(str(model_dir), python, max_seq_len=256, api_key=key)
+        return spec, functools.partial(VLLMClient, api_key=key)
     from relayrl.engine.client import RolloutClient
     from relayrl.launch.servers import ServerSpec
 
-    return ServerSpec(str(model_dir)), RolloutClient
+    return ServerSpec(str(model_dir), api_key=key), functools.partial(RolloutClient, api_key=key)
 
 
 def measure(preset: str, args: argparse.Namespace) -> dict:

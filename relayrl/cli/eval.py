@@ -63,7 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run config: its model.path, and its rollout servers (rollout.server_urls, or "
         "launched through rollout.engine when that is not builtin)",
     )
-    parser.add_argument("--api-key", default=None, help="bearer token of --server-url")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="bearer token of --server-url (default: $RELAYRL_API_KEY or the contents of "
+        "$RELAYRL_API_KEY_FILE; prefer those: a command line is visible to other users)",
+    )
 
 
 def _load(args: argparse.Namespace):
@@ -115,7 +120,7 @@ def _remote(backend, urls: list[str], api_key: str | None, origin: str):
     try:
         return RemoteEngine(
             # a request's time includes its wait in the server's queue: an hour, as training
-            lambda: backend.client(list(urls), api_key=api_key, timeout=3600.0),
+            lambda: backend.client(list(urls), api_key=api_key or backend.api_key, timeout=3600.0),
             check=backend.check_protocols,
         )
     except RolloutServerError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from relayrl.errors import RelayError
 
@@ -15,10 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument(
-        "--api-key",
-        default=os.environ.get("RELAYRL_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $RELAYRL_API_KEY); "
-        "mandatory for a non-loopback --host",
+        "--api-key-file",
+        default=None,
+        help="require 'Authorization: Bearer KEY' with KEY read from this 0600 file (default: "
+        "$RELAYRL_API_KEY, else $RELAYRL_API_KEY_FILE); mandatory for a non-loopback --host. "
+        "Never on the command line: other users can read it in ps",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--device", default="cpu")
@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="log every HTTP request (default off)"
     )
+
+
+def _api_key(path: str | None) -> str | None:
+    from relayrl.runkey import key_from_env, read_key_file
+
+    return read_key_file(path, "--api-key-file") if path else key_from_env()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=_api_key(args.api_key_file),
         threads=args.threads,
         access_log=args.access_log,
         engine=engine,

@@ -1,7 +1,8 @@
 """Load a run config: YAML file + dotted overrides (``optim.lr=1e-4``) -> validated RunConfig.
 
 Errors name the file (and line), the key, the value and what was expected; unknown keys get
-the nearest valid key as a suggestion.
+the nearest valid key as a suggestion. YAML anchors and aliases are refused (a few hundred
+bytes of aliases expand to 10^9 nodes), and so is a file over 1 MiB: :class:`ConfigLoader`.
 """
 
 from __future__ import annotations
@@ -80,10 +81,39 @@ def _key_lines(text: str) -> dict[str, int]:
                 lines[dotted] = key_node.start_mark.line + 1
                 walk(value_node, dotted + ".")
 
-    root = yaml.compose(text)
+    root = yaml.compose(text, Loader=ConfigLoader)
     if root is not None:
         walk(root, "")
     return lines
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a run config is a few KiB
+
+
+class NoAliasError(yaml.MarkedYAMLError):
+    """A YAML anchor or alias (``&name`` / ``*name``, ``<<`` merges): refused."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors and aliases: a config never needs them, and an
+    alias map ("billion laughs": nine levels of ten aliases each) expands to 10^9 nodes
+    while the file stays a few hundred bytes. The first anchor or alias is an error at its
+    line, before anything is expanded."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise NoAliasError(
+                problem="YAML anchors and aliases (&name, *name, <<) are not supported in a "
+                "config; write the values out",
+                problem_mark=event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` parsed by :class:`ConfigLoader` (``yaml.YAMLError`` on bad input)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
@@ -91,15 +121,23 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
     if not p.is_file():
         hint = " (a KEY=VALUE override must come after the config file)" if "=" in str(p) else ""
         raise RelayError(f"config file '{p}' not found; expected a YAML file (see configs/){hint}")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise RelayError(
+            f"config file '{p}' is {p.stat().st_size} bytes; a run config is at most "
+            f"{MAX_CONFIG_BYTES} (is it the right file?)"
+        )
     text = p.read_text()
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
         lines = _key_lines(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        where = f":{mark.line + 1}" if mark else ""
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise RelayError(f"config file '{p}' is not valid YAML{where}: {problem}") from exc
+        raise RelayError(f"{p}{where}: config file is not valid YAML{at}: {problem}") from exc
+    except RecursionError:
+        raise RelayError(f"config file '{p}': nested too deeply to be a run config") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -115,8 +153,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise RelayError(f"bad override {text!r}; expected KEY=VALUE, e.g. sft.lr=1e-3")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw) if raw.strip() else ""
+    except NoAliasError:
+        raise RelayError(
+            f"override {text!r}: YAML anchors and aliases are not supported; write the value out"
+        ) from None
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key, value
 

@@ -211,6 +211,13 @@ class RolloutConfig(Section):
         description="servers someone else started (of rollout.engine's kind, serving "
         "model.path): none is launched or restarted; empty = launch rollout.num_servers",
     )
+    api_key: str | None = Field(
+        None,
+        exclude=True,  # never written to the run directory's config.yaml
+        description="bearer key of rollout.server_urls (servers someone else started); "
+        "prefer $RELAYRL_API_KEY or $RELAYRL_API_KEY_FILE. Launched servers always get a "
+        "fresh per-run key (docs/security.md)",
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     lag: Literal["async", "fixed", "uniform"] = Field(
         "async",

@@ -169,6 +169,7 @@ class RolloutClient:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RolloutClient needs at least one server URL")
+        self.api_key = api_key  # also the secret of the weight-transfer group's store
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             headers=headers,

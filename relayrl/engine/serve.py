@@ -3,12 +3,14 @@
 Owns: :class:`ServeOptions` (what a server process needs: model directory, bind address,
 API key, torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
 the one entry point that both ``relayrl serve`` (from its argv) and the run launcher (from a
-JSON copy of the options, :meth:`ServeOptions.to_json`) call; neither goes through the other.
+JSON copy of the options, :meth:`ServeOptions.to_json`, and the API key in its environment)
+call; neither goes through the other.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 
 from relayrl.engine.types import EngineOptions
@@ -26,7 +28,9 @@ class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        """The options as JSON for a child's command line: without the API key, which
+        travels in the child's environment (``RELAYRL_API_KEY``; argv is public)."""
+        return json.dumps({**asdict(self), "api_key": None})
 
     @classmethod
     def from_json(cls, text: str) -> ServeOptions:
@@ -39,6 +43,14 @@ def serve_main(options: ServeOptions) -> int:
     from relayrl.engine.server import check_bind
 
     check_bind(options.host, options.api_key)  # before loading anything
+    if not options.api_key:
+        print(
+            f"warning: serving on {options.host} without an API key: any local user can load "
+            "weights into it or pause it; set RELAYRL_API_KEY or --api-key-file "
+            "(docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     if options.threads < 1:
         raise RelayError("--threads must be >= 1")
     import torch

@@ -7,10 +7,15 @@ Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_gene
 (``relayrl.engine.transfer``; docs/cluster.md), and an OpenAI-compatible ``POST /v1/chat/completions`` with token
 ids, logprobs and versions (``relayrl.engine.chat``). Request and response shapes follow
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
-``error`` names the field; a client that disconnects mid-request has its request aborted.
+``error`` names the field (one bad request of a batch or of an engine step fails alone); a
+client that disconnects mid-request has its request aborted; bodies over 64 MiB and clients
+slower than the read deadlines are cut off (``relayrl.engine.limits``).
 
-Security: the server binds 127.0.0.1 by default; any other host requires an API key, and with
-a key every request must carry ``Authorization: Bearer <key>`` (401 otherwise).
+Security (docs/security.md): the server binds 127.0.0.1 by default; any other host requires an
+API key. With a key, every request but ``GET /health`` must carry ``Authorization: Bearer
+<key>`` (401 otherwise): the weight, pause and transfer-group endpoints, and generation too
+(it costs compute and reads the policy). A run's launcher always starts its servers with a
+fresh key (``relayrl.launch.backends``), also on loopback.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
+from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol
 from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name
 from relayrl.engine.types import GenerationResult, PauseMode, SamplingParams
 from relayrl.errors import RelayError
@@ -112,18 +118,23 @@ class UpdateWeightsIn(_Strict):
     keep_kv: bool = False
 
 
+MAX_GROUP_SIZE = 1 << 16
+MAX_GROUP_TIMEOUT_S = 86400.0
+
+
 class InitGroupIn(_Strict):
     """Join the weight-transfer group (SGLang's ``/init_weights_update_group``): this server
     is rank ``rank_offset`` of ``world_size``, rank 0 (the trainer) hosts the rendezvous."""
 
-    master_address: str = Field(min_length=1)
+    master_address: str = Field(min_length=1, max_length=255)
     master_port: int = Field(gt=0, lt=65536)
-    rank_offset: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    group_name: str = Field(min_length=1)
+    rank_offset: int = Field(ge=1, le=MAX_GROUP_SIZE)
+    world_size: int = Field(ge=2, le=MAX_GROUP_SIZE)
+    group_name: str = Field(min_length=1, max_length=255)
     backend: str = "gloo"
     # relayrl extension: the deadline of the join and of every broadcast in the group
-    timeout_s: float = Field(60.0, gt=0)
+    # (bounded: 1e300 overflowed the timedelta after the current group was torn down)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_GROUP_TIMEOUT_S, allow_inf_nan=False)
 
 
 class UpdateDistributedIn(_Strict):
@@ -171,7 +182,8 @@ def check_bind(host: str, api_key: str | None) -> None:
     if not is_loopback(host) and not api_key:
         raise RelayError(
             f"refusing to serve on non-loopback host {host!r} without an API key; "
-            "pass --api-key (or RELAYRL_API_KEY) or bind 127.0.0.1"
+            "set RELAYRL_API_KEY or RELAYRL_API_KEY_FILE (or pass --api-key-file) or bind "
+            "127.0.0.1"
         )
 
 
@@ -261,15 +273,22 @@ async def _await_or_disconnect(request: Request, task: asyncio.Future) -> bool:
     return False
 
 
+OPEN_PATHS = frozenset({"/health"})  # answered without the key (GET only): liveness probes
+
+
 class ApiKeyMiddleware:
-    """Pure ASGI middleware: every HTTP request needs ``Authorization: Bearer <key>``."""
+    """Pure ASGI middleware: every HTTP request but ``GET /health`` needs
+    ``Authorization: Bearer <key>``."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
+            if scope.get("method") in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS:
+                await self.app(scope, receive, send)
+                return
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(header, self.expected):
                 response = _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
@@ -286,6 +305,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     app and be registered the same way, with nothing gained in reading."""
     app = FastAPI(title="relayrl rollout server")
     app.state.engine = engine
+    app.add_middleware(BodyLimitMiddleware)  # inside the key check: no body read before it
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
@@ -395,6 +415,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                     body.world_size,
                     body.group_name,
                     body.timeout_s,
+                    api_key,
                 )
             except RelayError as exc:
                 return _error(504, f"init_weights_update_group: {exc}")
@@ -458,7 +479,9 @@ class ServerThread:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", http=DeadlineH11Protocol
+        )
         self.server = uvicorn.Server(config)
         self.host = host
         self._thread = threading.Thread(target=self.server.run, name="relayrl-server", daemon=True)
@@ -501,5 +524,10 @@ def serve(
 
     check_bind(host, api_key)
     uvicorn.run(
-        create_app(engine, api_key), host=host, port=port, log_level="info", access_log=access_log
+        create_app(engine, api_key),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+        http=DeadlineH11Protocol,  # header and body read deadlines (relayrl.engine.limits)
     )

@@ -4,9 +4,19 @@ and the generation result. No torch import, so configs and clients can use them 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
+
+# admission bounds of one request (SamplingParams.validate)
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+# far from float32's denormals and overflow in logits / T; outside is not sampling anyway
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+MIN_TOP_P = 1e-6
+MAX_STOP, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -75,17 +85,38 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        if self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
+        """Raise ``ValueError`` naming the first bad field. Every bound here keeps one bad
+        request from failing the engine step it would share with others (a ``top_k`` past
+        int64 overflowed the batch's tensor and failed every request in it)."""
+        if not 0 < self.max_new_tokens <= INT32_MAX:
+            raise ValueError(
+                f"max_new_tokens must be in [1, {INT32_MAX}], got {self.max_new_tokens}"
+            )
+        t = self.temperature
+        if not (math.isfinite(t) and (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE)):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+                f"got {t}"
+            )
+        if not (math.isfinite(self.top_p) and MIN_TOP_P <= self.top_p <= 1):
+            raise ValueError(f"top_p must be in [{MIN_TOP_P}, 1], got {self.top_p}")
+        if not (self.top_k == -1 or 1 <= self.top_k <= INT64_MAX):
+            raise ValueError(f"top_k must be -1 (off) or in [1, {INT64_MAX}], got {self.top_k}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
+        if len(self.stop) > MAX_STOP or any(
+            not isinstance(s, str) or not 0 < len(s) <= MAX_STOP_CHARS for s in self.stop
+        ):
+            raise ValueError(
+                f"stop must be a list of at most {MAX_STOP} non-empty strings of at most "
+                f"{MAX_STOP_CHARS} characters"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
+            not 0 <= t <= INT64_MAX for t in self.stop_token_ids
+        ):
+            raise ValueError(
+                f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} ids in [0, {INT64_MAX}]"
+            )
 
     @property
     def greedy(self) -> bool:

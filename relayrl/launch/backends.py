@@ -16,6 +16,11 @@ backend is two things that the run, the launcher and the supervisor use and noth
   check run on every server before training (launched or external);
   :meth:`RolloutBackend.check_protocols` the read-only one before an evaluation.
 
+Keys (docs/security.md): the servers a backend launches get a fresh run key
+(:meth:`RolloutBackend.launched_spec`), servers someone else started the one of
+``rollout.api_key`` / ``$RELAYRL_API_KEY`` / ``$RELAYRL_API_KEY_FILE``; the backend's clients
+send it (:attr:`RolloutBackend.api_key`).
+
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
 ``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
 Another engine (SGLang, say, or a plugin's, docs/extending.md) is one more subclass and one
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,6 +43,7 @@ from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
 from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
 from relayrl.registry import ROLLOUT_BACKENDS
+from relayrl.runkey import key_from_env, new_key
 
 
 async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str) -> None:
@@ -48,6 +55,12 @@ async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str
     except RolloutServerError as exc:
         if exc.unreachable:
             raise
+        if exc.status == 401:
+            sent = "the key it was sent" if client.api_key else "a request without a key"
+            raise RelayError(
+                f"rollout server {url} refused {sent} (GET {path}: HTTP 401); set its key in "
+                "rollout.api_key, $RELAYRL_API_KEY or $RELAYRL_API_KEY_FILE (docs/security.md)"
+            ) from exc
         raise RelayError(f"rollout server {url} {what} (GET {path}: {exc}); {hint}") from exc
 
 
@@ -59,6 +72,9 @@ class RolloutBackend(ABC):
     def __init__(self, config: RunConfig, model_dir: Path | str) -> None:
         self.config = config
         self.model_dir = str(model_dir)
+        # the key the client sends: rollout.api_key / $RELAYRL_API_KEY for servers someone
+        # else started; :meth:`launcher` replaces it by a fresh one for launched servers
+        self.api_key: str | None = config.rollout.api_key or key_from_env()
 
     @abstractmethod
     def server_spec(self) -> Any:
@@ -80,7 +96,14 @@ class RolloutBackend(ABC):
         await self.check_protocol(client, url)
 
     def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        kwargs.setdefault("api_key", self.api_key)
         return self.client_class()(urls, **kwargs)
+
+    def launched_spec(self) -> Any:
+        """:meth:`server_spec` with a fresh per-run key (docs/security.md), which the
+        clients of this backend then send."""
+        self.api_key = new_key()
+        return replace(self.server_spec(), api_key=self.api_key)
 
     def launcher(self, run_dir: Path | None) -> ServerLauncher | ExternalServers:
         rollout = self.config.rollout
@@ -90,7 +113,7 @@ class RolloutBackend(ABC):
             from relayrl.launch.ray_cluster import RayServerLauncher
 
             return RayServerLauncher(
-                self.server_spec(),
+                self.launched_spec(),
                 rollout.num_servers,
                 rollout.server_mode,
                 log_dir=run_dir,
@@ -98,7 +121,7 @@ class RolloutBackend(ABC):
                 ray_config=self.config.ray,
             )
         return ServerLauncher(
-            self.server_spec(),
+            self.launched_spec(),
             rollout.num_servers,
             rollout.server_mode,
             log_dir=run_dir,
@@ -200,8 +223,9 @@ class VLLMBackend(RolloutBackend):
             "/is_paused",
             "does not expose vLLM's RL endpoints",
             "start vLLM with VLLM_SERVER_DEV_MODE=1, --enable-scale-out, --logprobs-mode "
-            "processed_logprobs and --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
-            "(docs/engine.md)",
+            "processed_logprobs, --worker-extension-cls relayrl_vllm_ext.RelayWeightLoader "
+            "and --middleware relayrl_vllm_guard.RelayGuard with RELAYRL_API_KEY set "
+            "(docs/engine.md, docs/security.md)",
         )
 
     async def check_server(self, client: RolloutClient, url: str) -> None:

@@ -342,7 +342,9 @@ class BroadcastPublisher(WeightPublisher):
         joined: dict[str, TransferGroup] = {}
 
         def host() -> None:
-            joined["group"] = TransferGroup.join(address, port, 0, world_size, name, self.timeout_s)
+            joined["group"] = TransferGroup.join(
+                address, port, 0, world_size, name, self.timeout_s, client.api_key
+            )
 
         calls = {
             url: client.init_weights_update_group(

@@ -9,7 +9,9 @@ killed trainer never leaves servers behind. What the child runs is its spec's
 (:func:`serve_child`), a vLLM server for ``relayrl.launch.vllm.VLLMServerSpec``. A spec with
 ``new_session`` (vLLM, which forks an engine-core and a worker process) gets a process group
 of its own, and every signal goes to the whole group, so no grandchild outlives it.
-``mode="thread"`` runs the built-in HTTP server in this process (tests).
+``mode="thread"`` runs the built-in HTTP server in this process (tests). A spec's ``api_key``
+(the run key, docs/security.md) reaches the child in its environment (``RELAYRL_API_KEY``),
+never in its command line, which every user of the machine can read.
 :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a server that died (with
 the most telling line of its log); :meth:`respawn` replaces one server by a fresh process
 (the policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a
@@ -47,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
+from relayrl.runkey import API_KEY_ENV
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
@@ -80,7 +83,10 @@ def serve_child(options_json: str) -> None:
     from relayrl.engine.serve import ServeOptions, serve_main
 
     try:
-        sys.exit(serve_main(ServeOptions.from_json(options_json)))
+        options = ServeOptions.from_json(options_json)
+        # the key comes in the environment, never in argv; no grandchild inherits it
+        options.api_key = os.environ.pop(API_KEY_ENV, None) or options.api_key
+        sys.exit(serve_main(options))
     except RelayError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
@@ -154,6 +160,8 @@ class ServerSpec:
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
+    # the key every request but /health needs; handed over in the environment (not argv)
+    api_key: str | None = field(default=None, repr=False)
 
     def engine_options(self):
         from relayrl.engine.types import EngineOptions
@@ -178,7 +186,10 @@ class ServerSpec:
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
     def environment(self, index: int) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(self.threads)}
+        env = {"OMP_NUM_THREADS": str(self.threads)}
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        return env
 
 
 @dataclass
@@ -296,7 +307,7 @@ class ServerLauncher:
                 f"rollout.server_mode=thread runs only the built-in engine, not {self.spec.kind}"
             )
         engine = Engine.from_pretrained(self.spec.model_dir, self.spec.engine_options())
-        server = ServerThread(create_app(engine)).start()
+        server = ServerThread(create_app(engine, self.spec.api_key)).start()
         self._threads.append((server, engine))
         self.urls.append(server.url)
 

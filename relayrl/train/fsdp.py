@@ -54,11 +54,12 @@ from torch.distributed.tensor import DTensor
 
 from relayrl.algo.microbatch import rank_micro_batches
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.train.dcp_json import JsonReader, JsonWriter, SafeLoadPlanner
 from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.trainer import RLTrainer, _collate, _MicroBatch
 
 SHARDS_DIR = "shards"  # the DCP directory inside a checkpoint
-SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
+SHARDS_METADATA = f"{SHARDS_DIR}/.metadata.json"  # JSON (relayrl.train.dcp_json), never a pickle
 
 
 def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
@@ -278,7 +279,8 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     """Write model and optimizer with ``torch.distributed.checkpoint`` (each rank its
     shards, rank 0 the metadata; a collective when a process group is up)."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.save(state, storage_writer=JsonWriter(str(directory)))  # JSON metadata, no pickle
 
 
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
@@ -288,7 +290,8 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     state = {"model": model_state, "optimizer": optim_state}
     with warnings.catch_warnings():  # one process, no group: loading in-process is meant
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(directory))
+        # JSON metadata and weights_only byte items: resuming never unpickles (dcp_json)
+        dcp.load(state, storage_reader=JsonReader(str(directory)), planner=SafeLoadPlanner())
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )

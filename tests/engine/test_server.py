@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -107,11 +108,54 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(served):
         assert ok.status_code == 200
 
 
+# every endpoint but /health (app.routes of create_app), with a body that would be accepted
+MUTATING = [
+    ("POST", "/update_weights_from_disk", {"model_path": "/tmp", "weight_version": 7}),
+    ("POST", "/pause_generation", {"mode": "abort"}),
+    ("POST", "/continue_generation", None),
+    (
+        "POST",
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "g",
+        },
+    ),
+    (
+        "POST",
+        "/update_weights_from_distributed",
+        {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"},
+    ),
+]
+READING = [
+    ("POST", "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("GET", "/get_model_info", None),
+    ("GET", "/get_server_info", None),
+    ("GET", "/weights_checksum", None),
+]
+
+
+def test_every_route_but_health_is_in_the_key_table():
+    """A new route must be added to MUTATING or READING (and so to the key test)."""
+    app = create_app(SimpleNamespace(), None)
+    paths = {r.path for r in app.routes if not r.path.startswith(("/docs", "/openapi", "/redoc"))}
+    assert paths == {"/health"} | {p for _, p, _ in MUTATING + READING}
+
+
 def test_api_key_is_enforced(served):
-    _, url = served(api_key="s3cret")
-    assert httpx.get(f"{url}/health").status_code == 401
-    assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    engine, url = served(api_key="s3cret")
+    assert httpx.get(f"{url}/health").status_code == 200  # the one open endpoint
+    for method, path, body in MUTATING + READING:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "s3cret"}):
+            answer = httpx.request(method, f"{url}{path}", json=body, headers=headers)
+            assert answer.status_code == 401, (path, headers)
+    assert engine.weight_version == 0
+    ok = httpx.get(f"{url}/get_model_info", headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
 
     async def via_client():
         async with RolloutClient(url, api_key="s3cret") as client:

@@ -94,7 +94,9 @@ def test_serving_info_from_models_and_weight_info():
 
 
 def test_the_server_command_asks_for_exact_rl_data():
-    spec = VLLMServerSpec("/m", "/py", max_seq_len=128, threads_bind="0|1", prefix_caching=False)
+    spec = VLLMServerSpec(
+        "/m", "/py", max_seq_len=128, threads_bind="0|1", prefix_caching=False, api_key="k"
+    )
     cmd = spec.command(8000)
     assert cmd[:2] == ["/py", "-c"]
     flags = " ".join(cmd[3:])
@@ -104,3 +106,4 @@ def test_the_server_command_asks_for_exact_rl_data():
     assert "--max-model-len 128" in flags and "--no-enable-prefix-caching" in flags
     assert spec.environment(1)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert spec.environment(0)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--middleware relayrl_vllm_guard.RelayGuard" in flags  # dev mode behind the key

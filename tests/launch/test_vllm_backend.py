@@ -58,6 +58,7 @@ BUDGET = 100  # output tokens per request in the interruption test (prompts <= 1
 def server(vllm_server):
     """The package's vLLM server over the tiny model (tests/launch/conftest.py): (url,
     launcher)."""
+    KEYS.update({url: vllm_server.spec.api_key for url in vllm_server.urls})
     return vllm_server.urls[0], vllm_server
 
 
@@ -70,8 +71,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def key_of(url: str) -> str:
+    """The run key of the package's server at ``url`` (its launcher made one)."""
+    return KEYS[url]
+
+
+KEYS: dict[str, str] = {}
+
+
 async def generate_all(url, batch, params):
-    async with VLLMClient([url]) as client:
+    async with VLLMClient([url], api_key=key_of(url)) as client:
         return await asyncio.gather(*(client.generate(p, params[i]) for i, p in enumerate(batch)))
 
 
@@ -119,6 +128,37 @@ def test_many_seeded_requests_at_once(server):
 
 
 # ------------------------------------------------------------------ publication
+def test_the_control_plane_needs_the_run_key_and_reaches_relayrl_methods_only(server, tmp_path):
+    """The attack rows: ``/collective_rpc`` calling ``relayrl_load_weights`` (or any worker
+    method) and ``/pause`` without a key; with the key, a worker method not relayrl's."""
+    import httpx
+
+    url, launcher = server
+    key = key_of(url)
+    assert key not in " ".join(Path(f"/proc/{launcher.pids[0]}/cmdline").read_text().split("\0"))
+    load = {"method": "relayrl_load_weights", "kwargs": {"weights_path": str(tmp_path)}}
+    for method, path, body in [
+        ("POST", "/collective_rpc", load),
+        ("POST", "/collective_rpc", {"method": "reload_weights"}),
+        ("POST", "/pause", None),
+        ("POST", "/update_weight_version", {"new_version": "99"}),
+        ("POST", "/reset_prefix_cache", None),
+        ("GET", "/v1/models", None),
+        ("POST", "/inference/v1/generate", {"token_ids": [5, 6]}),
+        ("GET", "/weight_info", None),
+    ]:
+        for headers in ({}, {"Authorization": "Bearer " + key[::-1]}):
+            answer = httpx.request(method, url + path, json=body, headers=headers, timeout=30)
+            assert answer.status_code == 401, (path, answer.text)
+    auth = {"Authorization": f"Bearer {key}"}
+    for method in ("reload_weights", "execute_model", "save_sharded_state", "relayrl_nope"):
+        answer = httpx.post(url + "/collective_rpc", json={"method": method}, headers=auth)
+        assert answer.status_code == 403, (method, answer.text)
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    info = httpx.get(url + "/weight_info", headers=auth, timeout=30)
+    assert info.status_code == 200, info.text
+
+
 def test_published_weights_are_served_exactly_with_their_version(server, policy, tmp_path):
     url, _ = server
     new = perturbed(policy, seed=11)
@@ -127,7 +167,7 @@ def test_published_weights_are_served_exactly_with_their_version(server, policy,
     params = [SamplingParams(max_new_tokens=20, seed=i, ignore_eos=True) for i in range(4)]
 
     async def publish_then_generate():
-        async with VLLMClient([url]) as client:
+        async with VLLMClient([url], api_key=key_of(url)) as client:
             start = time.perf_counter()
             await client.update_weights(str(path), version=5)
             seconds = time.perf_counter() - start
@@ -168,7 +208,7 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
     params = [SamplingParams(max_new_tokens=BUDGET, seed=i, ignore_eos=True) for i in range(64)]
 
     async def go():
-        async with VLLMClient([url]) as client:
+        async with VLLMClient([url], api_key=key_of(url)) as client:
             tasks = [
                 asyncio.create_task(client.generate(p, q))
                 for p, q in zip(batch, params, strict=True)
@@ -355,7 +395,8 @@ def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
     from relayrl.train.run import run_train
 
     url, launcher = server
-    result = run_train(short_run_config(tmp_path, tiny_model_dir, url))
+    key = launcher.spec.api_key  # an external server's key: rollout.api_key (or the env)
+    result = run_train(short_run_config(tmp_path, tiny_model_dir, url, f"rollout.api_key={key}"))
     rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
     assert result.steps == 2 and [r["step"] for r in rows[:2]] == [1, 2]
     assert result.summary["publications"] == 1

@@ -135,7 +135,9 @@ def test_resume_at_another_world_size_matches_the_uninterrupted_run(
     ckpt = tmp / name / "checkpoints" / "step-000002"
     manifest = json.loads((ckpt / "manifest.json").read_text())["files"]
     if saved == 2:  # every rank's shard is listed (and checksummed) by rank 0's manifest
-        assert {"shards/.metadata", "shards/__0_0.distcp", "shards/__1_0.distcp"} <= set(manifest)
+        assert {"shards/.metadata.json", "shards/__0_0.distcp", "shards/__1_0.distcp"} <= set(
+            manifest
+        )
     else:
         assert not any(f.startswith("shards/") for f in manifest)
     cont = run_harness(tmp, name, resumed, model_dir=str(tiny_model_dir), resume=True)

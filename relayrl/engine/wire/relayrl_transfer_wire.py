@@ -13,6 +13,8 @@ The group never touches torch.distributed's default group: it is a ``ProcessGrou
 directly over its own ``TCPStore`` (rank 0 hosts it) under a ``PrefixStore`` named after the
 group, so the trainer can be an FSDP program with a default group of its own, and a group can
 be re-formed under a new name (after a server restart) without tearing anything else down.
+The store listens on the group's interface only (loopback for a single-host group), and the
+group's keys live under a prefix derived from the run's secret (:func:`store_prefix`).
 Tensors travel in buckets (:func:`buckets`: consecutive tensors of one dtype flattened into
 one buffer of up to 64 MiB), one broadcast each: a model of hundreds of small tensors costs a
 few collectives, not hundreds. Every collective runs under the group's timeout: a peer that
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import math
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -101,6 +105,32 @@ def buckets(
     return out
 
 
+def store_prefix(name: str, secret: str | None) -> str:
+    """The prefix of group ``name``'s keys in the TCPStore: ``name``, plus an HMAC of it
+    under ``secret`` when there is one. The store itself is unauthenticated (anyone who
+    reaches its port can read and write a key whose name they know); TCPStore cannot list
+    keys, so without the secret the rendezvous keys cannot be found or forged."""
+    if not secret:
+        return name
+    tag = hmac.new(secret.encode(), b"transfer-group:" + name.encode(), hashlib.sha256)
+    return f"{name}/{tag.hexdigest()[:32]}"
+
+
+def listening_socket(address: str, port: int) -> int:
+    """A TCP socket listening on ``address:port`` only (TCPStore alone listens on every
+    interface); returns its file descriptor, which the store takes over."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 @dataclass
 class WireGroup:
     """One member (``rank``) of the transfer group ``name`` of ``world_size`` ranks. A join
@@ -124,11 +154,16 @@ class WireGroup:
         world_size: int,
         name: str,
         timeout_s: float,
+        secret: str | None = None,
     ) -> WireGroup:
         """Join (rank 0: host) group ``name``; blocks until all ``world_size`` ranks are in,
-        :attr:`error` after ``timeout_s``."""
+        :attr:`error` after ``timeout_s``. Rank 0 listens on ``master_address`` only (the
+        interface the group uses), and with a ``secret`` (the run's key, known to every
+        member) the group's keys in the store live under a name derived from it
+        (:func:`store_prefix`), which a process without the secret cannot guess."""
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
+            listen_fd = listening_socket(master_address, master_port) if rank == 0 else None
             store = dist.TCPStore(
                 master_address,
                 master_port,
@@ -136,8 +171,10 @@ class WireGroup:
                 is_master=rank == 0,
                 timeout=timeout,
                 wait_for_workers=False,
+                **({"master_listen_fd": listen_fd} if listen_fd is not None else {}),
             )
-            pg = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world_size, timeout)
+            prefixed = dist.PrefixStore(store_prefix(name, secret), store)
+            pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         except (RuntimeError, OSError, dist.DistError) as exc:
             raise cls.error(
                 f"weight-transfer group {name!r}: rank {rank} of {world_size} could not join "

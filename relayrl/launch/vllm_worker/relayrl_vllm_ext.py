@@ -36,6 +36,7 @@ what the server samples from is exactly what was published.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -70,6 +71,7 @@ class RelayWeightLoader:
                 int(world_size),
                 group_name,
                 float(timeout_s),
+                os.environ.get("RELAYRL_API_KEY") or None,  # the run's key: the store's secret
             )
         except Exception as exc:  # noqa: BLE001 - reported to the trainer, see the docstring
             return {"success": False, "error": str(exc)}

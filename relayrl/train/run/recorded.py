@@ -133,9 +133,9 @@ def config_differences(config: RunConfig, source: Path) -> list[str]:
     recorded_path = source / "config.yaml"
     if not recorded_path.is_file():
         return []
-    import yaml
+    from relayrl.config.loader import read_yaml
 
-    recorded = yaml.safe_load(recorded_path.read_text()) or {}
+    recorded, _ = read_yaml(recorded_path)
     now = config.model_dump(mode="json")
     out = []
     for section in ("algo", "optim"):

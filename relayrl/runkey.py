@@ -1,0 +1,89 @@
+"""The secrets of a run: the control-plane API key and the checkpoint key (docs/security.md).
+
+Owns: :data:`API_KEY_ENV` / :data:`API_KEY_FILE_ENV` (how a key reaches a server or a client
+without a command line: ``/proc/<pid>/cmdline`` is readable by every user, the environment
+and a 0600 file are not), :func:`new_key`, :func:`key_from_env`, :func:`read_key_file` (which
+refuses a file other users could read or that someone else owns), :func:`run_key` (the
+per-run-directory secret ``<run>/run.key``, created 0600 on first use) and :func:`derive`
+(one independent subkey per purpose, so a leaked API key reveals nothing of the checkpoint
+key and the reverse).
+
+Imports: relayrl.errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from relayrl.errors import RelayError
+
+API_KEY_ENV = "RELAYRL_API_KEY"
+API_KEY_FILE_ENV = "RELAYRL_API_KEY_FILE"
+RUN_KEY_FILE = "run.key"
+
+
+def new_key() -> str:
+    """A fresh random key (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def read_key_file(path: str | Path, what: str) -> str:
+    """The key stored in ``path``: RelayError naming ``what`` if the file is missing, empty,
+    owned by another user or readable by group/others (``chmod 600`` it)."""
+    p = Path(path)
+    try:
+        info = p.stat()
+        text = p.read_text().strip()
+    except OSError as exc:
+        raise RelayError(f"{what}: cannot read key file {p}: {exc.strerror or exc}") from None
+    if info.st_uid != os.getuid():
+        raise RelayError(f"{what}: key file {p} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise RelayError(
+            f"{what}: key file {p} is accessible to other users "
+            f"(mode {stat.S_IMODE(info.st_mode):o}); run `chmod 600 {p}`"
+        )
+    if not text:
+        raise RelayError(f"{what}: key file {p} is empty")
+    return text
+
+
+def key_from_env() -> str | None:
+    """``$RELAYRL_API_KEY``, else the contents of ``$RELAYRL_API_KEY_FILE``, else None."""
+    key = os.environ.get(API_KEY_ENV)
+    if key:
+        return key
+    path = os.environ.get(API_KEY_FILE_ENV)
+    return read_key_file(path, API_KEY_FILE_ENV) if path else None
+
+
+def write_key_file(path: Path, key: str) -> None:
+    """Create ``path`` holding ``key``, mode 0600 from the start (never world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_key(run_dir: Path) -> str:
+    """The secret of the run in ``run_dir`` (``run.key``, created 0600 on first use)."""
+    path = Path(run_dir) / RUN_KEY_FILE
+    if not path.exists():
+        try:
+            write_key_file(path, new_key())
+        except FileExistsError:
+            pass  # another process of this run created it first
+        except OSError as exc:
+            raise RelayError(f"cannot create the run key {path}: {exc}") from exc
+    return read_key_file(path, "run key")
+
+
+def derive(key: str, purpose: str) -> str:
+    """An independent subkey of ``key`` for ``purpose`` (HMAC-SHA256, hex)."""
+    return hmac.new(key.encode(), purpose.encode(), hashlib.sha256).hexdigest()
