@@ -372,6 +372,7 @@ def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir
     overrides = ["rollout.eta=4", "train.total_steps=6", f"train.publish_mode={mode}"]
     overrides += [f"train.weight_transport={transport}", "train.broadcast_timeout_s=60"]
     overrides += ["rollout.prompts_per_step=4", "rollout.n_samples=4"]
+    overrides += [f"rollout.api_key={key_of(url)}"]
     result = run_train(short_run_config(tmp_path, tiny_model_dir, url, *overrides))
     rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("final")]
@@ -386,7 +387,7 @@ def test_a_run_at_eta_4_publishes_exact_weights(server, tmp_path, tiny_model_dir
 
 
 async def load_model_dir(url: str, model_dir) -> None:
-    async with VLLMClient([url]) as client:
+    async with VLLMClient([url], api_key=key_of(url)) as client:
         await client.update_weights(str(model_dir), version=0)
 
 

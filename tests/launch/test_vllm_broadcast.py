@@ -170,7 +170,7 @@ def test_a_run_publishes_to_a_vllm_server_by_broadcast(server, tiny_model_dir, t
     from relayrl.train.run import run_train
 
     async def load_v0() -> None:  # the tests before left their weights on the server
-        async with VLLMClient(server.urls) as client:
+        async with VLLMClient(server.urls, api_key=server.spec.api_key) as client:
             await client.update_weights(str(tiny_model_dir), version=0)
 
     asyncio.run(load_v0())
