@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +228,124 @@ def test_an_interpreter_under_tmp_grades(tmp_path: Path, backend: str, layout: s
     assert (good, bad) == ("ok", "test_failed")
     if layout == "prefix":
         assert used == str(python.resolve())  # the copy under /tmp ran the candidate
+
+
+# -- IPC, PID, host writes, sockets, run-wide memory, groups (issue 36, 2) -------------------
+
+
+def _run(program: str, limits: SandboxLimits = LIMITS) -> str:
+    shown = run_sandboxed(python_argv("p.py"), {"p.py": program}, limits)
+    assert shown.returncode == 0, shown.stderr[-1000:]
+    return shown.stdout.decode().strip()
+
+
+def test_sysv_shared_memory_does_not_survive_the_run(backend: str) -> None:
+    key = 0x52524C00 + int(uuid.uuid4().hex[:4], 16)
+    program = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"ids = [libc.shmget({key} + i, 64 << 20, 0o1666) for i in range(3)]\n"
+        "print(all(i >= 0 for i in ids))\n"
+    )
+    assert _run(program) == "True"  # the segments were made, in the run's IPC namespace
+    host = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    assert not [line for line in host if int(line.split()[0]) in (key, key + 1, key + 2)]
+
+
+def test_writes_to_host_run_and_shm_do_not_land(backend: str) -> None:
+    name = f"relayrl-escape-{uuid.uuid4().hex}"
+    targets = [f"/run/lock/{name}", f"/dev/shm/{name}", f"/var/tmp/{name}", f"/run/{name}"]
+    program = "".join(
+        f"try:\n    open({t!r}, 'w').write('x')\nexcept OSError:\n    pass\n" for t in targets
+    )
+    _run(program + "print('done')")
+    assert not [t for t in targets if Path(t).exists()]
+
+
+def test_other_processes_command_lines_are_not_readable(backend: str) -> None:
+    token = f"--api-key=relayrl-{uuid.uuid4().hex}"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token])
+    try:
+        deadline = time.monotonic() + 10
+        while token.encode() not in Path(f"/proc/{other.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "sleep did not start"
+            time.sleep(0.01)
+        program = (
+            "import os\nseen = []\n"
+            "for p in (os.listdir('/proc') if os.path.isdir('/proc') else []):\n"
+            "    try:\n        seen.append(open(f'/proc/{p}/cmdline', 'rb').read())\n"
+            "    except OSError:\n        pass\n"
+            f"print({token.encode()!r} in b''.join(seen), len(seen) > 0 or 'no-proc')\n"
+            "print(os.readlink('/proc/self/ns/pid') if os.path.isdir('/proc/self') else '-')\n"
+            "print(os.readlink('/proc/self/ns/ipc') if os.path.isdir('/proc/self') else '-')\n"
+        )
+        found, listed, pid_ns, ipc_ns = _run(program).split()
+        assert found == "False" and listed == "True"
+        assert pid_ns != os.readlink("/proc/self/ns/pid")
+        assert ipc_ns != os.readlink("/proc/self/ns/ipc")
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_host_unix_sockets_are_not_reachable(tmp_path: Path, backend: str) -> None:
+    """A pathname socket (stand-in for docker.sock, in /run and in a world-open /tmp dir)
+    and an abstract one: connecting fails."""
+    import socket
+
+    tmp_path.chmod(0o777)
+    paths = [str(tmp_path / "docker.sock"), f"/run/relayrl-{uuid.uuid4().hex[:8]}.sock"]
+    abstract = f"\0relayrl-{uuid.uuid4().hex}"
+    servers = []
+    try:
+        for address in (*paths, abstract):
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(address)
+            server.listen()
+            servers.append(server)
+            if not address.startswith("\0"):
+                os.chmod(address, 0o777)
+        program = (
+            "import socket\nreached = []\n"
+            f"for a in {[*paths, abstract]!r}:\n"
+            "    s = socket.socket(socket.AF_UNIX)\n"
+            "    try:\n        s.connect(a)\n        reached.append(a)\n"
+            "    except OSError:\n        pass\n"
+            "print(len(reached))\n"
+        )
+        assert _run(program) == "0"
+    finally:
+        for server in servers:
+            server.close()
+        for path in paths:
+            Path(path).unlink(missing_ok=True)
+
+
+def test_memory_cap_is_run_wide(backend: str) -> None:
+    """3 children x 700 MiB under a 1024 MiB cap: none gets its 700 MiB, while one process
+    still gets 200 MiB (the cap is a budget, not zero)."""
+    limits = SandboxLimits(wall_s=10.0, cpu_s=8, memory_mb=1024, nproc=4)
+    program = (
+        "import os\n"
+        "x = bytearray(200 << 20)\n"
+        "del x\n"
+        "got = 0\n"
+        "for _ in range(3):\n"
+        "    r, w = os.pipe()\n"
+        "    try:\n        pid = os.fork()\n    except OSError:\n        continue\n"
+        "    if pid == 0:\n"
+        "        try:\n            b = bytearray(700 << 20)\n            os.write(w, b'1')\n"
+        "        except MemoryError:\n            os.write(w, b'0')\n"
+        "        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    got += os.read(r, 1) == b'1'\n"
+        "print(got)\n"
+    )
+    assert _run(program, limits) == "0"
+
+
+def test_supplementary_groups_are_dropped(backend: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs as root: the sandbox switches to a per-run uid with no groups")
+    program = "import os\nprint(os.getgroups(), os.getuid() == os.getgid() != 0)\n"
+    assert _run(program) == "[] True"
