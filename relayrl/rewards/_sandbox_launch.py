@@ -62,6 +62,7 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 SANDBOX_WORKDIR = "/tmp/work"
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REFUSED = 125
+NOT_RUN = 127
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -232,7 +233,12 @@ def _init(cfg: dict, files: dict[str, bytes]) -> None:
         os._exit(REFUSED)
     command = os.fork()
     if command == 0:
-        _exec_command(cfg, net=True)
+        try:
+            _exec_command(cfg, net=True)
+        except OSError as exc:
+            print(f"relayrl-sandbox: cannot run {cfg['argv'][0]}: {exc}", file=sys.stderr)
+        finally:
+            os._exit(NOT_RUN)
     while True:
         pid, status = os.wait()
         if pid == command:

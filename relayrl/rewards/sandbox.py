@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from relayrl.errors import RelayError
+
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
 LAUNCH_PATH = "/run/relayrl-launch.py"  # where bwrap shows the launcher (that file only)
 # sandbox uids (root only): BASE_UID + a random number, unused and registered (_register)
@@ -48,6 +50,12 @@ SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "
 ALLOW_UNISOLATED_ENV = "RELAYRL_SANDBOX_ALLOW_UNISOLATED"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime")
+
+
+class SandboxUnavailable(RelayError):
+    """The sandbox cannot run model-written code safely here; the run must stop."""
+
+    fatal = True
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,8 @@ def _bwrap_works() -> bool:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return False
-    probe = [bwrap, *_bwrap_isolation(1), *_bwrap_mounts(_system_mounts()), "--", "/bin/true"]
+    mounts = _bwrap_mounts(_system_mounts("/bin/true"))
+    probe = [bwrap, *_bwrap_isolation(1), *mounts, "--", "/bin/true"]
     try:
         return subprocess.run(probe, capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -197,6 +206,13 @@ def allow_unisolated() -> bool:
     ``$RELAYRL_SANDBOX_ALLOW_UNISOLATED=1``): run model-written code even where no
     namespace can be made."""
     return os.environ.get(ALLOW_UNISOLATED_ENV, "") in ("1", "true", "yes")
+
+
+def configure_sandbox(allow_unisolated_runs: bool) -> None:
+    """Apply the run config's ``sandbox`` section to this process and the grading workers
+    it spawns (they inherit the environment)."""
+    if allow_unisolated_runs:
+        os.environ[ALLOW_UNISOLATED_ENV] = "1"
 
 
 def _bwrap_isolation(disk_mb: int) -> list[str]:
@@ -289,6 +305,24 @@ def _process_memory_bytes(limits: SandboxLimits) -> int:
     return (limits.memory_mb << 20) // max(1, limits.nproc)
 
 
+def _launch_command(backend: str, config: dict, work: Path, limits: SandboxLimits) -> list[str]:
+    """The backend's command line (the config JSON goes last). The stand-alone launcher
+    runs under this process's interpreter (on the host, before it isolates itself); under
+    bwrap it runs under the sandbox's interpreter, inside the new root."""
+    if backend != "bwrap":
+        return [sys.executable, "-I", "-S", str(LAUNCHER)]
+    config.update(workdir="/tmp/input", isolated=True)
+    inside = ["--ro-bind", str(LAUNCHER), LAUNCH_PATH, "--ro-bind", str(work), "/tmp/input"]
+    return [
+        shutil.which("bwrap") or "bwrap",
+        *_bwrap_isolation(limits.disk_mb),
+        *_bwrap_mounts(config["mounts"]),
+        *inside,
+        "--chdir", "/tmp/input",
+        "--", sandbox_python(), "-I", "-S", LAUNCH_PATH,
+    ]  # fmt: skip
+
+
 def start_sandbox(
     argv: list[str],
     files: dict[str, str | bytes],
@@ -309,45 +343,43 @@ def start_sandbox(
     for name, content in files.items():
         data = content.encode() if isinstance(content, str) else content
         (work / name).write_bytes(data)
+    try:
+        backend = sandbox_backend()
+    except (ValueError, RuntimeError) as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        raise SandboxUnavailable(f"sandbox: {exc}") from exc
     uid = _free_uid() if os.geteuid() == 0 else None
-    mounts = _system_mounts(argv[0])
     config = {
         **asdict(limits),
         "process_memory_bytes": _process_memory_bytes(limits),
         "workdir": str(work),
         "root": str(root),
-        "mounts": mounts,
+        "mounts": _system_mounts(argv[0]),
         "uid": uid,
         "allow_unisolated": allow_unisolated(),
         "argv": argv,
         "env": {**SAFE_ENV, **(env or {})},
     }
-    python = sandbox_python()
-    launch = [python, "-I", "-S", str(LAUNCHER)]
-    if sandbox_backend() == "bwrap":
-        config.update(workdir="/tmp/input", isolated=True)
-        inside = ["--ro-bind", str(LAUNCHER), LAUNCH_PATH, "--ro-bind", str(work), "/tmp/input"]
-        launch = [
-            shutil.which("bwrap") or "bwrap",
-            *_bwrap_isolation(limits.disk_mb),
-            *_bwrap_mounts(mounts),
-            *inside,
-            "--chdir", "/tmp/input",
-            "--", python, "-I", "-S", LAUNCH_PATH,
-        ]  # fmt: skip
+    launch = _launch_command(backend, config, work, limits)
     if uid is not None:
         _register(uid, base)
-    with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [*launch, json.dumps(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            pass_fds=pass_fds,
-            start_new_session=True,
-            env=SAFE_ENV,
-            cwd=str(work),
-        )
+    try:
+        with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                [*launch, json.dumps(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                env=SAFE_ENV,
+                cwd=str(work),
+            )
+    except OSError as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        if uid is not None:
+            _unregister(uid)
+        raise SandboxUnavailable(f"sandbox backend {backend!r} cannot start: {exc}") from exc
     return SandboxProcess(proc, base, limits, uid)
 
 
@@ -367,6 +399,73 @@ def run_sandboxed(
             stderr=box.read_output("stderr"),
             wall_s=time.monotonic() - box.started,
         )
+
+
+REFUSED_EXIT = 125  # the launcher's exit status when it refuses to run unisolated
+PROBE_GOOD = "print('relayrl-sandbox-ok')\n"
+PROBE_BAD = (
+    "import sys\ntry:\n    print(open({path!r}).read())\nexcept OSError:\n    pass\nsys.exit(3)\n"
+)
+
+
+def _cause(result: SandboxResult) -> str:
+    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    if result.timed_out:
+        return "it did not finish in time"
+    return f"exit {result.returncode}" + (f": {lines[-1][:300]}" if lines else " (no output)")
+
+
+def probe_sandbox() -> str:
+    """Run a known-good and a known-bad program through the real backend; the backend's
+    name, or :class:`SandboxUnavailable` saying which backend failed and why.
+
+    Good: prints a token and exits 0. Bad: tries to read a file planted on the host, then
+    exits 3; it must not see the file (unless the unisolated opt-out is set) and its exit
+    status must come back."""
+    try:
+        backend = sandbox_backend()
+    except (ValueError, RuntimeError) as exc:
+        raise SandboxUnavailable(f"sandbox: {exc}") from exc
+    limits = SandboxLimits(wall_s=30.0, cpu_s=10, memory_mb=512)
+    good = run_sandboxed(python_argv("probe.py"), {"probe.py": PROBE_GOOD}, limits)
+    if good.returncode != 0 or good.stdout.strip() != b"relayrl-sandbox-ok":
+        hint = ""
+        if good.returncode == REFUSED_EXIT:
+            hint = (
+                "; to run model-written code anyway, without isolation, set "
+                f"sandbox.allow_unisolated=true ({ALLOW_UNISOLATED_ENV}=1): docs/security.md"
+            )
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe (a known-good program): "
+            f"{_cause(good)}{hint}"
+        )
+    planted = Path(tempfile.mkdtemp(prefix="relayrl-probe-"))
+    try:
+        secret = secrets.token_hex(16)
+        (planted / "secret").write_text(secret, encoding="utf-8")
+        planted.chmod(0o755)
+        (planted / "secret").chmod(0o644)
+        program = PROBE_BAD.format(path=str(planted / "secret"))
+        bad = run_sandboxed(python_argv("probe.py"), {"probe.py": program}, limits)
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+    if bad.returncode != 3:
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe (a known-bad program should exit "
+            f"3): {_cause(bad)}"
+        )
+    if secret.encode() in bad.stdout and not allow_unisolated():
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe: a sandboxed program read a "
+            f"file on the host ({planted}/secret)"
+        )
+    return backend
+
+
+@functools.cache
+def checked_backend() -> str:
+    """:func:`probe_sandbox`, once per process (the python tool calls it before each run)."""
+    return probe_sandbox()
 
 
 def _world_runnable(path: Path) -> bool:

@@ -508,6 +508,7 @@ def run_train(
     """
     from relayrl.config.loader import prepare_run_dir
     from relayrl.rewards.pool import GradingPool
+    from relayrl.rewards.sandbox import configure_sandbox
 
     if progress is not None:
         config = config.model_copy(
@@ -530,6 +531,7 @@ def run_train(
     check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)
     launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
+    configure_sandbox(config.sandbox.allow_unisolated)
     pool = GradingPool(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
