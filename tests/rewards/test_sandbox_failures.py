@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,63 @@ def test_non_root_without_user_namespaces_refuses_unless_opted_out() -> None:
     allowed = _as_user(True, {"RELAYRL_SANDBOX_ALLOW_UNISOLATED": "1"})
     assert allowed["probe"] == "launcher"
     assert allowed["run"][0] == 0 and allowed["run"][1][0] == "s3cret"
+
+
+# -- only registered uids are killed (issue 36, 4) ---------------------------------------------
+
+
+def _spawn_detached(uid: int) -> subprocess.Popen:
+    """A ``sleep`` in its own session as ``uid``."""
+    code = (
+        f"import os\nos.setsid()\nos.setgroups([])\nos.setgid({uid})\nos.setuid({uid})\n"
+        "os.execv('/usr/bin/sleep', ['sleep', '60'])\n"
+    )
+    return subprocess.Popen([sys.executable, "-I", "-c", code])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_only_registered_orphans_are_killed(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("sandbox uids exist only when the sandbox runs as root")
+    unrelated = _spawn_detached(sandbox.BASE_UID + 100_000)  # e.g. a rootless container's
+    orphan_uid = sandbox._free_uid()
+    owner = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(60)"])
+    registered = _spawn_detached(orphan_uid)
+    live_uid = sandbox._free_uid()
+    live = _spawn_detached(live_uid)
+    base = tmp_path / "relayrl-sbx-test"
+    base.mkdir()
+    try:
+        sandbox._register(live_uid, tmp_path)  # owned by this (live) process
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "getpid", lambda: owner.pid)
+            sandbox._register(orphan_uid, base)
+        owner.kill()
+        owner.wait()
+        time.sleep(0.2)
+        killed = sandbox.kill_orphaned_sandboxes()  # (and any left by killed runs before)
+        assert orphan_uid in killed and live_uid not in killed
+        registered.wait(10)
+        assert not _alive(registered.pid) and not base.exists()
+        assert _alive(unrelated.pid) and _alive(live.pid)
+        assert set(sandbox.registered_uids()) >= {live_uid}
+        assert orphan_uid not in sandbox.registered_uids()
+    finally:
+        sandbox._unregister(live_uid)
+        sandbox._unregister(orphan_uid)
+        for process in (unrelated, registered, live, owner):
+            process.kill()
+            process.wait()
+
+
+def test_a_finished_run_leaves_no_registration(backend: str) -> None:
+    before = set(sandbox.registered_uids())
+    probe_sandbox()
+    assert set(sandbox.registered_uids()) == before
