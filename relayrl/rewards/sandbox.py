@@ -517,9 +517,25 @@ def _start_ticks(pid: int) -> str | None:
         return None
 
 
+def _registry_is_ours(directory: Path) -> bool:
+    """A real 0700 directory owned by us (not one another user planted in /tmp)."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    private = stat.S_ISDIR(info.st_mode) and not info.st_mode & 0o077
+    return private and info.st_uid == os.geteuid()
+
+
 def _register(uid: int, base: Path) -> None:
     directory = _registry_dir()
-    directory.mkdir(mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    if not _registry_is_ours(directory):
+        raise SandboxUnavailable(
+            f"sandbox: {directory} must be a directory of mode 0700 owned by uid "
+            f"{os.geteuid()} (it registers the sandbox uids); remove it"
+        )
     owner = {"pid": os.getpid(), "start": _start_ticks(os.getpid()), "base": str(base)}
     (directory / str(uid)).write_text(json.dumps(owner), encoding="utf-8")
 
@@ -532,6 +548,8 @@ def _unregister(uid: int) -> None:
 def registered_uids() -> dict[int, dict]:
     """uid -> {pid, start, base} of every registered sandbox run on this machine."""
     found: dict[int, dict] = {}
+    if not _registry_is_ours(_registry_dir()):
+        return found
     with contextlib.suppress(OSError):
         for entry in _registry_dir().iterdir():
             with contextlib.suppress(OSError, ValueError):
