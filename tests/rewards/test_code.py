@@ -78,6 +78,16 @@ ADVERSARIAL = {
         "builtins.check = check\n"
     ),
     "always_equal": "    class E:\n        def __eq__(self, other):\n            return True\n    return E()\n",
+    "thread_bomb": (
+        "    import threading, time\n    while True:\n"
+        "        threading.Thread(target=time.sleep, args=(100,)).start()\n"
+    ),
+    "setsid_daemon": (
+        "    import os, time\n    if os.fork() == 0:\n        os.setsid()\n"
+        "        time.sleep(60)\n    return None\n"
+    ),
+    "stderr_flood": "    import sys\n    while True:\n        sys.stderr.write('x' * 65536)\n",
+    "overwrite_runner": "    open('runner.py', 'w').write('print(1)')\n    return None\n",
     "int_subclass": "    class I(int):\n        def __eq__(self, other):\n            return True\n    return I(0)\n",
     "fake_reply": '    import os\n    for fd in range(3, 20):\n        try:\n            os.write(fd, b\'{"ok": {"i": "5"}}\\n{"ok": {"i": "0"}}\\n\')\n        except OSError:\n            pass\n    os._exit(0)\n',
 }
