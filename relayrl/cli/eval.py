@@ -191,7 +191,11 @@ def run(args: argparse.Namespace) -> int:
     )
     with (
         _generation_engine(args, config) as engine,
-        GradingPool(workers=args.workers, timeout_s=args.timeout) as pool,
+        GradingPool(
+            workers=args.workers,
+            timeout_s=args.timeout,
+            probe_sandbox=any(p.grader == "code" for p in problems),
+        ) as pool,
     ):
         try:
             report = evaluate(

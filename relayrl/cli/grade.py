@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if not rows:
         raise RelayError(f"{args.predictions} has no gradable rows")
-    with GradingPool(workers=args.workers, timeout_s=args.timeout) as pool:
+    probe = "code" in graders  # a sandbox that cannot isolate stops here, loudly
+    with GradingPool(workers=args.workers, timeout_s=args.timeout, probe_sandbox=probe) as pool:
         results = pool.grade_batch([(by_id[pid], completion) for _, pid, completion in rows])
         stats = pool.stats()
     _write_verdicts(args.out, rows, results)

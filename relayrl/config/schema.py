@@ -609,6 +609,17 @@ class RayConfig(Section):
     )
 
 
+class SandboxConfig(Section):
+    """The sandbox of model-written code (code grading, the python tool; docs/security.md)."""
+
+    allow_unisolated: bool = Field(
+        False,
+        description="run model-written code even where no namespace can be made (non-root "
+        "without user namespaces, root without CAP_SYS_ADMIN): it can then read and change "
+        "what this user can; off = such a run stops at its first sandbox use",
+    )
+
+
 class RunConfig(Section):
     """One run."""
 
@@ -632,6 +643,7 @@ class RunConfig(Section):
         "docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @field_validator("launcher")
     @classmethod

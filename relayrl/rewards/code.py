@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.rewards._code_runner import MAX_LINE_BYTES, decode, encode
-from relayrl.rewards.sandbox import SandboxLimits, python_argv, start_sandbox
+from relayrl.rewards.sandbox import (
+    SandboxLimits,
+    SandboxUnavailable,
+    probe_sandbox,
+    python_argv,
+    start_sandbox,
+)
 
 RUNNER = Path(__file__).with_name("_code_runner.py")
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -187,7 +193,13 @@ def grade_code(
     candidate = RemoteFunction(channel)
     try:
         with box:
-            return _judge(channel, candidate, test, prompt, entry_point)
+            verdict = _judge(channel, candidate, test, prompt, entry_point)
+            if verdict.status == "candidate_died" and box.wait(0.5):
+                lines = box.read_output("stderr").decode("utf-8", "replace").strip()
+                if lines:  # the candidate's (or the sandbox's) last words
+                    detail = f"{verdict.detail}: {lines.splitlines()[-1][:200]}"
+                    verdict = CodeVerdict(False, verdict.status, detail, verdict.calls)
+            return verdict
     finally:
         os.close(req_w)
         os.close(resp_r)
@@ -221,3 +233,25 @@ def grade_code_problem(
 ) -> CodeVerdict:
     """Grade against a code problem's ``meta`` (``prompt``, ``test``, ``entry_point``)."""
     return grade_code(completion, meta["prompt"], meta["test"], meta["entry_point"], limits)
+
+
+PROBE_PROMPT = "def add(a, b):\n"
+PROBE_TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+
+
+def probe_code_grading() -> str:
+    """Probe the sandbox (:func:`relayrl.rewards.sandbox.probe_sandbox`), then grade a
+    known-good and a known-bad candidate through it: they must come back ``ok`` and
+    ``test_failed``. The backend's name, or :class:`SandboxUnavailable` naming it and the
+    cause (a run whose every code reward would silently be 0 stops instead)."""
+    backend = probe_sandbox()
+    limits = SandboxLimits(wall_s=30.0, cpu_s=10)
+    good = grade_code("    return a + b\n", PROBE_PROMPT, PROBE_TEST, "add", limits)
+    bad = grade_code("    return a - b\n", PROBE_PROMPT, PROBE_TEST, "add", limits)
+    if (good.status, bad.status) != ("ok", "test_failed"):
+        raise SandboxUnavailable(
+            f"code grading under sandbox backend {backend!r} failed its probe: a known-good "
+            f"candidate came back {good.status} ({good.detail or 'no detail'}), a known-bad "
+            f"one {bad.status}"
+        )
+    return backend

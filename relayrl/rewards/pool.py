@@ -11,6 +11,12 @@ works. One feeder thread per worker sends it items and waits for the answer up t
 * the worker died while idle (e.g. killed from outside between two items) → replaced
   before the next item is sent, which is graded normally (counted in ``restarts`` only).
 
+The sandbox fails loudly, never as rewards that are all 0: ``probe_sandbox=True`` probes it
+(a known-good and a known-bad candidate) when the pool starts, and a batch whose every
+sample came back ``candidate_died`` (or the pool's first such sample) probes it again; a
+failed probe raises :class:`relayrl.rewards.sandbox.SandboxUnavailable` (one ``error:``
+line) from the batch call. A grader raising an exception marked ``fatal`` does the same.
+
 APIs: :meth:`GradingPool.grade_batch` (blocking, results in input order),
 :meth:`GradingPool.submit` (a ``concurrent.futures.Future``), and the asyncio-friendly
 :meth:`GradingPool.score` / :meth:`GradingPool.score_batch` for the RL loop.
@@ -34,7 +40,7 @@ from typing import Any
 from relayrl.tasks.base import Problem
 
 Grader = Callable[[Problem, str], Any]
-STATUSES = ("ok", "error", "timeout", "crash")
+STATUSES = ("ok", "error", "timeout", "crash", "fatal")
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,24 @@ def _worker_main(conn: Any, grader: Grader) -> None:
             reward, info = out if isinstance(out, tuple) else (out, {})
             conn.send(("ok", float(reward), dict(info)))
         except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"[:500]))
+            kind = "fatal" if getattr(exc, "fatal", False) else "error"
+            conn.send((kind, f"{type(exc).__name__}: {exc}"[:500]))
+
+
+REPROBE_AFTER_S = 60.0
+
+
+def _fatal(results: Sequence[RewardResult]) -> RewardResult | None:
+    return next((r for r in results if r.status == "fatal"), None)
+
+
+def _sandbox_suspect(results: Sequence[RewardResult], probed_at: float | None) -> bool:
+    """Every sample of a batch of 2+ (or a first one) came back ``candidate_died`` and the
+    sandbox was not probed in the last minute."""
+    died = sum(r.info.get("status") == "candidate_died" for r in results)
+    if died == 0 or (died < len(results) or len(results) < 2) and probed_at is not None:
+        return False
+    return probed_at is None or time.monotonic() - probed_at > REPROBE_AFTER_S
 
 
 class _Worker:
@@ -135,9 +158,13 @@ class GradingPool:
         timeout_s: float = 30.0,
         grader: Grader | None = None,
         start_timeout_s: float = 120.0,
+        probe_sandbox: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
+        self._probed_at: float | None = None
+        if probe_sandbox:
+            self._probe_sandbox()
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self._grader = grader or _default_grader
@@ -166,7 +193,9 @@ class GradingPool:
     def grade_batch(self, items: Sequence[tuple[Problem, str]]) -> list[RewardResult]:
         """Grade all items in parallel; results in input order."""
         futures = [self.submit(p, c) for p, c in items]
-        return [f.result() for f in futures]
+        results = [f.result() for f in futures]
+        self._check_sandbox(results)
+        return results
 
     async def score(self, problem: Problem, completion: str) -> RewardResult:
         """Asyncio-friendly single grade (does not block the event loop)."""
@@ -178,7 +207,10 @@ class GradingPool:
         futures = [self.submit(p, c) for p, c in items]
         if futures:
             await _all_done(futures)
-        return [f.result() for f in futures]
+        results = [f.result() for f in futures]
+        if _sandbox_suspect(results, self._probed_at) or _fatal(results):
+            await asyncio.to_thread(self._check_sandbox, results)
+        return results
 
     def stats(self) -> dict[str, int]:
         """Counts: graded, ok, error, timeout, crash, restarts."""
@@ -199,6 +231,25 @@ class GradingPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- the sandbox check -----------------------------------------------------------------
+
+    def _probe_sandbox(self) -> None:
+        from relayrl.rewards.code import probe_code_grading
+
+        probe_code_grading()
+        self._probed_at = time.monotonic()
+
+    def _check_sandbox(self, results: Sequence[RewardResult]) -> None:
+        """Raise if a grader reported a fatal error, or re-probe the sandbox when the
+        batch looks like a broken one (see the module docstring)."""
+        fatal = _fatal(results)
+        if fatal is not None:
+            from relayrl.rewards.sandbox import SandboxUnavailable
+
+            raise SandboxUnavailable(fatal.detail)
+        if _sandbox_suspect(results, self._probed_at):
+            self._probe_sandbox()
 
     # -- feeder threads ---------------------------------------------------------------------
 
@@ -258,7 +309,7 @@ class GradingPool:
         elapsed = time.monotonic() - start
         if reply[0] == "ok":
             return worker, RewardResult(reply[1], "ok", info=reply[2], seconds=elapsed)
-        return worker, RewardResult(0.0, "error", reply[1], seconds=elapsed)
+        return worker, RewardResult(0.0, reply[0], reply[1], seconds=elapsed)
 
     def _replace(self, worker: _Worker) -> None:
         worker.stop()

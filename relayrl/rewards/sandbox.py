@@ -1,22 +1,25 @@
-"""Run untrusted programs in a sandbox subprocess.
+"""Run untrusted (model-written) programs in a sandbox subprocess.
 
 Two backends (``$RELAYRL_SANDBOX``: ``auto`` (default), ``bwrap`` or ``launcher``):
 
 * ``bwrap`` — Debian's bubblewrap builds the isolation: new network, pid, ipc and uts
-  namespaces, a **read-only root**, a size-capped private ``/tmp`` and ``/dev/shm``, and
-  the run dies with its parent; inside it the launcher sets the rlimits, no-new-privs and
-  the per-run uid, then ``exec``s the command. ``auto`` picks it when ``bwrap`` is installed
-  and works here (a one-time probe).
+  namespaces, an **empty root** holding only read-only binds of ``/usr``, ``/lib*``, a few
+  ``/etc`` files and the interpreter's own prefix (wherever it lives, ``/tmp`` included),
+  size-capped private ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and the run dies with its
+  parent; inside it the launcher sets the rlimits, no-new-privs and the per-run uid, then
+  ``exec``s the command. ``auto`` picks it when ``bwrap`` is installed and works here.
 * ``launcher`` — the fallback with no extra package: ``python -I -S _sandbox_launch.py``
-  isolates itself (network and mount namespaces, rlimits, no-new-privs, a per-run uid when
-  we are root) and ``exec``s the command.
+  makes the same namespaces and the same minimal root itself (``pivot_root``), and refuses
+  to run the command when the kernel will not let it, unless the opt-out is set.
 
-:func:`start_sandbox` creates a throw-away directory, writes the given files there and
-starts the backend in a new session. The environment is scrubbed to a fixed minimum, stdout/stderr go to
-files capped by RLIMIT_FSIZE, and on exit or timeout everything the run started is killed:
-its process group, then every process owned by its uid (``kill(-1)`` as that uid, which
-the kernel applies atomically, so a fork bomb cannot outrun it). See docs/graders.md for what
-this does and does not protect against.
+Neither shows the sandboxed code the datasets it is graded on, the project tree, homes,
+checkpoints, ``runs/`` or host sockets. :func:`start_sandbox` creates a throw-away
+directory, writes the given files there and starts the backend in a new session. The
+environment is scrubbed to a fixed minimum, stdout/stderr go to files capped by
+RLIMIT_FSIZE, and on exit or timeout everything the run started is killed: its process
+group, then every process owned by its uid (``kill(-1)`` as that uid, which the kernel
+applies atomically, so a fork bomb cannot outrun it). See docs/graders.md for what this does
+and does not protect against.
 """
 
 from __future__ import annotations
@@ -36,23 +39,35 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from relayrl.errors import RelayError
+
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
-# launcher backend: sandbox uid = BASE_UID + launcher pid (unique among live runs); bwrap
-# backend: BASE_UID + PID_SPACE + a random number checked to be unused
+LAUNCH_PATH = "/run/relayrl-launch.py"  # where bwrap shows the launcher (that file only)
+# sandbox uids (root only): BASE_UID + a random number, unused and registered (_register)
 BASE_UID = 200_000
-PID_SPACE = 1 << 22
 BACKENDS = ("bwrap", "launcher")
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
+ALLOW_UNISOLATED_ENV = "RELAYRL_SANDBOX_ALLOW_UNISOLATED"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime")
+
+
+class SandboxUnavailable(RelayError):
+    """The sandbox cannot run model-written code safely here; the run must stop."""
+
+    fatal = True
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits. ``file_bytes`` caps every file the program writes, stdout included."""
+    """Per-run limits. ``file_bytes`` caps every file the program writes, stdout included;
+    ``memory_mb`` is the whole run's address space: each of at most ``nproc`` processes
+    (threads count) gets ``memory_mb / nproc``."""
 
     wall_s: float = 10.0
     cpu_s: int = 10
     memory_mb: int = 1024
-    nproc: int = 16
+    nproc: int = 4
     nofile: int = 64
     file_bytes: int = 1 << 20
     disk_mb: int = 32
@@ -74,13 +89,11 @@ class SandboxProcess:
     """A running sandboxed command; use as a context manager so cleanup always happens."""
 
     def __init__(
-        self, proc: subprocess.Popen, base: Path, limits: SandboxLimits, uid: int | None = None
+        self, proc: subprocess.Popen, base: Path, limits: SandboxLimits, uid: int | None
     ) -> None:
         self.proc = proc
         self.base = base
         self.limits = limits
-        if uid is None and os.geteuid() == 0:
-            uid = BASE_UID + proc.pid
         self.uid = uid
         self.started = time.monotonic()
 
@@ -111,6 +124,8 @@ class SandboxProcess:
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.base, ignore_errors=True)
+        if self.uid is not None:
+            _unregister(self.uid)
 
     def __enter__(self) -> SandboxProcess:
         return self
@@ -163,7 +178,8 @@ def _bwrap_works() -> bool:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return False
-    probe = [bwrap, *_bwrap_isolation(1), "--", "/bin/true"]
+    mounts = _bwrap_mounts(_system_mounts("/bin/true"))
+    probe = [bwrap, *_bwrap_isolation(1), *mounts, "--", "/bin/true"]
     try:
         return subprocess.run(probe, capture_output=True, timeout=20, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -178,16 +194,30 @@ def sandbox_backend() -> str:
     if wanted == "bwrap" and not _bwrap_works():
         raise RuntimeError(
             "RELAYRL_SANDBOX=bwrap but bubblewrap is missing or cannot create namespaces here "
-            "(install Debian's 'bubblewrap'; check `bwrap --ro-bind / / true`)"
+            "(install Debian's 'bubblewrap'; check `bwrap --ro-bind /usr /usr true`)"
         )
     if wanted == "auto":
         return "bwrap" if _bwrap_works() else "launcher"
     return wanted
 
 
+def allow_unisolated() -> bool:
+    """The documented opt-out (``sandbox.allow_unisolated`` /
+    ``$RELAYRL_SANDBOX_ALLOW_UNISOLATED=1``): run model-written code even where no
+    namespace can be made."""
+    return os.environ.get(ALLOW_UNISOLATED_ENV, "") in ("1", "true", "yes")
+
+
+def configure_sandbox(allow_unisolated_runs: bool) -> None:
+    """Apply the run config's ``sandbox`` section to this process and the grading workers
+    it spawns (they inherit the environment)."""
+    if allow_unisolated_runs:
+        os.environ[ALLOW_UNISOLATED_ENV] = "1"
+
+
 def _bwrap_isolation(disk_mb: int) -> list[str]:
-    """bubblewrap options: fresh namespaces, a read-only root, private size-capped temp
-    dirs, death with the parent."""
+    """bubblewrap options: fresh namespaces, an empty root, private size-capped temp dirs,
+    death with the parent."""
     size = str(disk_mb << 20)
     return [
         "--die-with-parent",
@@ -197,7 +227,6 @@ def _bwrap_isolation(disk_mb: int) -> list[str]:
         "--unshare-uts",
         "--unshare-pid",
         "--unshare-cgroup-try",
-        "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
@@ -206,13 +235,92 @@ def _bwrap_isolation(disk_mb: int) -> list[str]:
     ]  # fmt: skip
 
 
+def _covered(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _interpreter_prefixes(python: str) -> list[str]:
+    """The directories an interpreter needs: its (base) prefixes, resolved."""
+    real = os.path.realpath(python)
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if real == base:
+        found = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)]
+    else:  # another interpreter: <prefix>/bin/python
+        found = [str(Path(real).parent.parent)]
+    return list(dict.fromkeys(found))
+
+
+@functools.cache
+def _system_mounts(python: str | None = None) -> tuple[tuple[str, str, str], ...]:
+    """What a sandbox sees of the host, as (kind, source, target): read-only binds of
+    ``/usr``, ``/lib*`` (symlinks where the host has them), a few ``/etc`` files and the
+    interpreter's own prefix — wherever it lives, ``/tmp`` included."""
+    mounts: list[tuple[str, str, str]] = []
+    bound: list[str] = []
+    for top in SYSTEM_DIRS:
+        if os.path.islink(top):
+            mounts.append(("symlink", os.readlink(top), top))
+        elif os.path.isdir(top):
+            mounts.append(("bind", top, top))
+            bound.append(top)
+    for prefix in _interpreter_prefixes(python or sandbox_python()):
+        if not _covered(prefix, bound) and prefix != "/":
+            mounts.append(("bind", prefix, prefix))
+            bound.append(prefix)
+    mounts.extend(("file", path, path) for path in ETC_FILES if os.path.isfile(path))
+    return tuple(mounts)
+
+
+def _bwrap_mounts(mounts: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """bubblewrap options for :func:`_system_mounts`; the parents of a bind are made 0755
+    (bwrap would copy the host's mode: a bind under a 0700 ``/root`` would be unreachable
+    for the sandbox uid)."""
+    args: list[str] = []
+    made = {"/", "/tmp"}
+    for kind, source, target in mounts:
+        if kind == "symlink":
+            args += ["--symlink", source, target]
+            continue
+        for parent in reversed(Path(target).parents):
+            if str(parent) not in made:
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        args += ["--ro-bind", source, target]
+        made.add(target)
+    return args
+
+
 def _free_uid() -> int:
-    """A sandbox uid no live process has (root only), outside the launcher backend's range."""
+    """A sandbox uid no live process has and no registered run holds (root only)."""
     in_use = {uid for _, uid, _ in _live_processes()}
     while True:
-        uid = BASE_UID + PID_SPACE + secrets.randbelow(1 << 24)
-        if uid not in in_use:
+        uid = BASE_UID + secrets.randbelow(1 << 24)
+        if uid not in in_use and not (_registry_dir() / str(uid)).exists():
             return uid
+
+
+def _process_memory_bytes(limits: SandboxLimits) -> int:
+    """RLIMIT_AS of each process: the run's budget split over the processes it may have
+    (RLIMIT_NPROC), so that together they stay within ``memory_mb``."""
+    return (limits.memory_mb << 20) // max(1, limits.nproc)
+
+
+def _launch_command(backend: str, config: dict, work: Path, limits: SandboxLimits) -> list[str]:
+    """The backend's command line (the config JSON goes last). The stand-alone launcher
+    runs under this process's interpreter (on the host, before it isolates itself); under
+    bwrap it runs under the sandbox's interpreter, inside the new root."""
+    if backend != "bwrap":
+        return [sys.executable, "-I", "-S", str(LAUNCHER)]
+    config.update(workdir="/tmp/input", isolated=True)
+    inside = ["--ro-bind", str(LAUNCHER), LAUNCH_PATH, "--ro-bind", str(work), "/tmp/input"]
+    return [
+        shutil.which("bwrap") or "bwrap",
+        *_bwrap_isolation(limits.disk_mb),
+        *_bwrap_mounts(config["mounts"]),
+        *inside,
+        "--chdir", "/tmp/input",
+        "--", sandbox_python(), "-I", "-S", LAUNCH_PATH,
+    ]  # fmt: skip
 
 
 def start_sandbox(
@@ -229,36 +337,49 @@ def start_sandbox(
     """
     limits = limits or SandboxLimits()
     base = Path(tempfile.mkdtemp(prefix="relayrl-sbx-"))
-    work = base / "work"
+    work, root = base / "work", base / "root"
     work.mkdir()
+    root.mkdir()
     for name, content in files.items():
         data = content.encode() if isinstance(content, str) else content
         (work / name).write_bytes(data)
+    try:
+        backend = sandbox_backend()
+    except (ValueError, RuntimeError) as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        raise SandboxUnavailable(f"sandbox: {exc}") from exc
+    uid = _free_uid() if os.geteuid() == 0 else None
     config = {
         **asdict(limits),
+        "process_memory_bytes": _process_memory_bytes(limits),
         "workdir": str(work),
-        "base_uid": BASE_UID,
+        "root": str(root),
+        "mounts": _system_mounts(argv[0]),
+        "uid": uid,
+        "allow_unisolated": allow_unisolated(),
         "argv": argv,
         "env": {**SAFE_ENV, **(env or {})},
     }
-    launch = [sys.executable, "-I", "-S", str(LAUNCHER)]
-    uid = None
-    if sandbox_backend() == "bwrap":
-        uid = _free_uid() if os.geteuid() == 0 else None
-        config.update(workdir="/tmp/input", isolated=True, uid=uid)
-        bind = ["--ro-bind", str(work), "/tmp/input", "--chdir", "/tmp/input"]
-        launch = [shutil.which("bwrap"), *_bwrap_isolation(limits.disk_mb), *bind, "--", *launch]
-    with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [*launch, json.dumps(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            pass_fds=pass_fds,
-            start_new_session=True,
-            env=SAFE_ENV,
-            cwd=str(work),
-        )
+    launch = _launch_command(backend, config, work, limits)
+    if uid is not None:
+        _register(uid, base)
+    try:
+        with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                [*launch, json.dumps(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                env=SAFE_ENV,
+                cwd=str(work),
+            )
+    except OSError as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        if uid is not None:
+            _unregister(uid)
+        raise SandboxUnavailable(f"sandbox backend {backend!r} cannot start: {exc}") from exc
     return SandboxProcess(proc, base, limits, uid)
 
 
@@ -280,6 +401,73 @@ def run_sandboxed(
         )
 
 
+REFUSED_EXIT = 125  # the launcher's exit status when it refuses to run unisolated
+PROBE_GOOD = "print('relayrl-sandbox-ok')\n"
+PROBE_BAD = (
+    "import sys\ntry:\n    print(open({path!r}).read())\nexcept OSError:\n    pass\nsys.exit(3)\n"
+)
+
+
+def _cause(result: SandboxResult) -> str:
+    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    if result.timed_out:
+        return "it did not finish in time"
+    return f"exit {result.returncode}" + (f": {lines[-1][:300]}" if lines else " (no output)")
+
+
+def probe_sandbox() -> str:
+    """Run a known-good and a known-bad program through the real backend; the backend's
+    name, or :class:`SandboxUnavailable` saying which backend failed and why.
+
+    Good: prints a token and exits 0. Bad: tries to read a file planted on the host, then
+    exits 3; it must not see the file (unless the unisolated opt-out is set) and its exit
+    status must come back."""
+    try:
+        backend = sandbox_backend()
+    except (ValueError, RuntimeError) as exc:
+        raise SandboxUnavailable(f"sandbox: {exc}") from exc
+    limits = SandboxLimits(wall_s=30.0, cpu_s=10, memory_mb=512)
+    good = run_sandboxed(python_argv("probe.py"), {"probe.py": PROBE_GOOD}, limits)
+    if good.returncode != 0 or good.stdout.strip() != b"relayrl-sandbox-ok":
+        hint = ""
+        if good.returncode == REFUSED_EXIT:
+            hint = (
+                "; to run model-written code anyway, without isolation, set "
+                f"sandbox.allow_unisolated=true ({ALLOW_UNISOLATED_ENV}=1): docs/security.md"
+            )
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe (a known-good program): "
+            f"{_cause(good)}{hint}"
+        )
+    planted = Path(tempfile.mkdtemp(prefix="relayrl-probe-"))
+    try:
+        secret = secrets.token_hex(16)
+        (planted / "secret").write_text(secret, encoding="utf-8")
+        planted.chmod(0o755)
+        (planted / "secret").chmod(0o644)
+        program = PROBE_BAD.format(path=str(planted / "secret"))
+        bad = run_sandboxed(python_argv("probe.py"), {"probe.py": program}, limits)
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+    if bad.returncode != 3:
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe (a known-bad program should exit "
+            f"3): {_cause(bad)}"
+        )
+    if secret.encode() in bad.stdout and not allow_unisolated():
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} failed its probe: a sandboxed program read a "
+            f"file on the host ({planted}/secret)"
+        )
+    return backend
+
+
+@functools.cache
+def checked_backend() -> str:
+    """:func:`probe_sandbox`, once per process (the python tool calls it before each run)."""
+    return probe_sandbox()
+
+
 def _world_runnable(path: Path) -> bool:
     """True when a user with no relation to the file's owner can execute ``path``."""
     real = path.resolve()
@@ -289,18 +477,21 @@ def _world_runnable(path: Path) -> bool:
 
 
 def sandbox_python() -> str:
-    """The interpreter for sandboxed Python: ``$RELAYRL_SANDBOX_PYTHON``, else this one when
-    the sandbox uid can run it, else ``/usr/bin/python3`` (e.g. when ours lives under a
-    private ``/root``). Sandboxed code needs only the standard library."""
+    """The interpreter for sandboxed Python: ``$RELAYRL_SANDBOX_PYTHON``, else the real
+    (base) interpreter behind this one, resolved out of any virtual environment, whose
+    prefix the sandbox binds wherever it lives. Sandboxed code needs only the standard
+    library. Under the unisolated opt-out as root, a world-executable one (the sandbox uid
+    sees the host's tree, e.g. a private ``/root``)."""
     env = os.environ.get("RELAYRL_SANDBOX_PYTHON")
     if env:
         return env
-    if os.geteuid() != 0 or _world_runnable(Path(sys.executable)):
-        return sys.executable
+    ours = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    if os.geteuid() != 0 or not allow_unisolated() or _world_runnable(Path(ours)):
+        return ours
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if Path(candidate).exists() and _world_runnable(Path(candidate)):
             return candidate
-    return sys.executable
+    return ours
 
 
 def python_argv(script: str, *args: str) -> list[str]:
@@ -308,26 +499,80 @@ def python_argv(script: str, *args: str) -> list[str]:
     return [sandbox_python(), "-I", script, *args]
 
 
-def kill_orphaned_sandboxes() -> None:
-    """Kill sandbox processes left behind by a killed grading worker (root only).
-
-    They run under uids from ``BASE_UID`` up and, once their parent is gone, are re-parented
-    away from it; every such process whose parent is no longer a sandbox launcher's caller is
-    killed by uid.
-    """
-    if os.geteuid() != 0:
-        return
-    for _, uid, ppid in _live_processes():
-        if uid >= BASE_UID and (_parent_uid(ppid) not in (0, uid) or ppid == 1):
-            kill_uid(uid)
+# -- the registry of sandbox uids --------------------------------------------------------------
 
 
-def _parent_uid(pid: int) -> int:
+def _registry_dir() -> Path:
+    """Where each live run's uid is registered (root only): one file per uid naming the
+    process that owns the run; :func:`kill_orphaned_sandboxes` kills only these uids."""
+    return Path(tempfile.gettempdir()) / "relayrl-sandbox-uids"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot), to tell a pid from its reuse."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _registry_is_ours(directory: Path) -> bool:
+    """A real 0700 directory owned by us (not one another user planted in /tmp)."""
+    try:
+        info = os.lstat(directory)
     except OSError:
-        pass
-    return -1
+        return False
+    private = stat.S_ISDIR(info.st_mode) and not info.st_mode & 0o077
+    return private and info.st_uid == os.geteuid()
+
+
+def _register(uid: int, base: Path) -> None:
+    directory = _registry_dir()
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    if not _registry_is_ours(directory):
+        raise SandboxUnavailable(
+            f"sandbox: {directory} must be a directory of mode 0700 owned by uid "
+            f"{os.geteuid()} (it registers the sandbox uids); remove it"
+        )
+    owner = {"pid": os.getpid(), "start": _start_ticks(os.getpid()), "base": str(base)}
+    (directory / str(uid)).write_text(json.dumps(owner), encoding="utf-8")
+
+
+def _unregister(uid: int) -> None:
+    with contextlib.suppress(OSError):
+        (_registry_dir() / str(uid)).unlink()
+
+
+def registered_uids() -> dict[int, dict]:
+    """uid -> {pid, start, base} of every registered sandbox run on this machine."""
+    found: dict[int, dict] = {}
+    if not _registry_is_ours(_registry_dir()):
+        return found
+    with contextlib.suppress(OSError):
+        for entry in _registry_dir().iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                if entry.name.isdigit() and int(entry.name) >= BASE_UID:
+                    found[int(entry.name)] = json.loads(entry.read_text(encoding="utf-8"))
+    return found
+
+
+def kill_orphaned_sandboxes() -> list[int]:
+    """Kill the runs of sandbox owners that died (a killed grading worker); root only.
+
+    Only uids a sandbox registered are touched, and only when the process that registered
+    the uid is gone (pid dead, or reused: its start time differs); the uids killed."""
+    if os.geteuid() != 0:
+        return []
+    killed = []
+    for uid, owner in registered_uids().items():
+        if _start_ticks(int(owner.get("pid", 0))) == owner.get("start"):
+            continue  # its owner is alive: not an orphan
+        kill_uid(uid)
+        base = Path(str(owner.get("base", "")))
+        if base.name.startswith("relayrl-sbx-"):
+            shutil.rmtree(base, ignore_errors=True)
+        _unregister(uid)
+        killed.append(uid)
+    return killed

@@ -2,15 +2,16 @@
 
 Owns: :func:`calc` (arithmetic parsed with ``ast`` and evaluated node by node: never
 ``eval``), :func:`run_python` (a program run in the code grader's sandbox,
-``relayrl.rewards.sandbox``: no network, no writes outside its directory, time and memory
-limits), :class:`ToolEnvironment` (a model turn that ends in ``<name>argument</name>``
+``relayrl.rewards.sandbox``: no network, no host files but the interpreter's, time and
+memory limits), :class:`ToolEnvironment` (a model turn that ends in ``<name>argument</name>``
 calls tool ``name``; its result comes back as the observation ``<out>result</out>\\n``; a
 turn without a call is the final answer, graded by the problem's grader) and the
 registered environments ``calc`` and ``python``.
 
 A tool that fails, hangs past ``tool_timeout_s`` or is called malformed answers with an
 ``error: ...`` observation and counts in the episode (``tool_errors``,
-``malformed_calls``); the episode and the run go on.
+``malformed_calls``); the episode and the run go on — except when the sandbox itself
+cannot isolate (``SandboxUnavailable``): that stops the run.
 
 Imports: the standard library, relayrl.rewards.sandbox, relayrl.rollout.environment.
 """
@@ -24,7 +25,13 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
-from relayrl.rewards.sandbox import SandboxLimits, python_argv, run_sandboxed
+from relayrl.rewards.sandbox import (
+    SandboxLimits,
+    SandboxUnavailable,
+    checked_backend,
+    python_argv,
+    run_sandboxed,
+)
 from relayrl.rollout.environment import (
     Environment,
     ModelTurn,
@@ -94,8 +101,11 @@ async def calc(expression: str) -> str:
 
 
 async def run_python(code: str, limits: SandboxLimits | None = None) -> str:
-    """Run ``code`` as a script in the sandbox; its stdout, or ``error: ...``."""
-    limits = limits or SandboxLimits(wall_s=5.0, cpu_s=5, memory_mb=256, output_bytes=4096)
+    """Run ``code`` as a script in the sandbox; its stdout, or ``error: ...``. The sandbox
+    is probed on first use (:func:`relayrl.rewards.sandbox.checked_backend`): when it
+    cannot isolate, :class:`SandboxUnavailable` stops the run instead of an observation."""
+    limits = limits or SandboxLimits(wall_s=5.0, cpu_s=5, memory_mb=512, output_bytes=4096)
+    await asyncio.to_thread(checked_backend)
     result = await asyncio.to_thread(
         run_sandboxed, python_argv("tool.py"), {"tool.py": code}, limits
     )
@@ -139,6 +149,8 @@ class ToolEnvironment(Environment):
             return self._error(f"{name} timed out after {self.tool_timeout_s:g}s", tool=True)
         except ToolError as exc:
             return self._error(str(exc), tool=True)
+        except SandboxUnavailable:
+            raise  # not the model's fault: the run stops with one error line
         except Exception as exc:  # noqa: BLE001 - a crashing tool is an observation
             return self._error(f"{name} failed: {type(exc).__name__}: {exc}", tool=True)
         return StepResult(observation=f"<out>{out}</out>\n", metrics={"tool_calls": 1})

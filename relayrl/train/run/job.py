@@ -53,6 +53,7 @@ def run_train(
     ``relayrl.train.resume.resume_config`` for loading that run's config).
     """
     from relayrl.config.loader import prepare_run_dir
+    from relayrl.rewards.sandbox import configure_sandbox
 
     config = with_progress(config, progress)
     lagged = config.rollout.lag != "async"  # lag emulation: no rollout server
@@ -70,6 +71,7 @@ def run_train(
     check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)
     launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
+    configure_sandbox(config.sandbox.allow_unisolated)
     with contextlib.ExitStack() as teardown:  # in reverse: weights, setup, servers, pool
         pool = GradingPool(
             config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
