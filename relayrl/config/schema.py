@@ -12,7 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.plugins import load_plugins
+from relayrl.rewards.dispatch import GRADERS
 from relayrl.rollout.workflow import WORKFLOWS
+from relayrl.tasks.registry import TASKS, make_task
 
 
 class Section(BaseModel):
@@ -23,7 +26,9 @@ class TaskConfig(Section):
     """The synthetic task the run trains and evaluates on."""
 
     name: str = Field(
-        "arithmetic", description="synthetic task: arithmetic | countdown | tool_multiply"
+        "arithmetic",
+        description="synthetic task, a name registered in relayrl.tasks.registry.TASKS: "
+        "arithmetic | countdown | tool_multiply, or one a plugin registers",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -32,6 +37,23 @@ class TaskConfig(Section):
     seed: int = Field(0, description="seed of problem generation (splits are disjoint)")
     train_size: int = Field(20000, gt=0, description="train problems generated")
     test_size: int = Field(500, gt=0, description="held-out problems used for evaluation")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_task(cls, name: str) -> str:
+        TASKS.lookup(name)  # a ValueError names the registered tasks
+        return name
+
+    @model_validator(mode="after")
+    def _registered_grader(self) -> TaskConfig:
+        """The grader the task's problems name is registered (one problem is generated)."""
+        problem = make_task(self.name, self.params).problems("test", 1, self.seed)[0]
+        if problem.grader not in GRADERS:
+            raise ValueError(
+                f"task {self.name!r} grades with {problem.grader!r}, which no module "
+                f"registered; registered graders: {sorted(GRADERS)} (a plugin must register it)"
+            )
+        return self
 
 
 class ModelConfig(Section):
@@ -582,6 +604,22 @@ class RunConfig(Section):
         "docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="user modules imported before the config is validated, in every process "
+        "of the run: dotted module names or .py file paths (stored absolute); they register "
+        "tasks, graders, losses, advantages, workflows (docs/extending.md); --plugin on the "
+        "command line adds more",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plugins"):
+            if not isinstance(data["plugins"], list):
+                raise ValueError("plugins must be a list of module names or .py paths")
+            data = {**data, "plugins": load_plugins(data["plugins"])}
+        return data
 
     @field_validator("launcher")
     @classmethod

@@ -78,8 +78,10 @@ def serve_child(options_json: str) -> None:
     the :class:`ServeOptions` in ``options_json``; a RelayError is one ``error:`` line."""
     die_with_parent(int(os.environ.pop(PARENT_ENV, "0") or 0))
     from relayrl.engine.serve import ServeOptions, serve_main
+    from relayrl.plugins import load_plugins_from_env
 
     try:
+        load_plugins_from_env()
         sys.exit(serve_main(ServeOptions.from_json(options_json)))
     except RelayError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -178,7 +180,9 @@ class ServerSpec:
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
     def environment(self, index: int) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(self.threads)}
+        from relayrl.plugins import plugin_environment
+
+        return {"OMP_NUM_THREADS": str(self.threads), **plugin_environment()}
 
 
 @dataclass

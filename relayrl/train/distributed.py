@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.errors import RelayError
+from relayrl.plugins import load_plugins_from_env, plugin_environment
 from relayrl.train.options import ShardingOptions, TrainerOptions
 
 WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main()"
@@ -165,6 +166,7 @@ def rank_environment(config: Any, rank: int, master_addr: str, port: int) -> dic
         "OMP_NUM_THREADS": str(config.train.trainer_threads),
         BACKEND_ENV: resolve_backend(config),
         TIMEOUT_ENV: str(config.train.dist_timeout_s),
+        **plugin_environment(),
     }
 
 
@@ -421,6 +423,7 @@ def worker_main() -> None:
         dist.init_process_group(backend=backend, timeout=timeout)
         control = _control_group(backend)
         setup, pad_id = _receive(control)
+        load_plugins_from_env()  # the config's own plugins are imported by its validation
         config = RunConfig.model_validate(setup["config"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         trainer = _build_rank(
