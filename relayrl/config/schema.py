@@ -102,6 +102,29 @@ class SFTConfig(Section):
     log_every: int = Field(50, gt=0)
 
 
+class EvalDataset(Section):
+    """One held-out set of ``eval.datasets``: its problems keep their own grader."""
+
+    data: str = Field(
+        description="task = the run's synthetic task's test split; a known dataset name "
+        "(gsm8k, math500, aime24, aime25, humaneval); a .jsonl/.parquet path; or hub:<name>"
+    )
+    name: str | None = Field(
+        None, description="label in metrics (eval_pass@1/<name>); default: data's file stem"
+    )
+    grader: str | None = Field(
+        None, description="grader of a file's rows (default: recognised from the rows)"
+    )
+    limit: int | None = Field(None, gt=0, description="first N problems (default: all)")
+
+    @field_validator("grader")
+    @classmethod
+    def _registered(cls, grader: str | None) -> str | None:
+        if grader is not None:
+            GRADERS.lookup(grader)
+        return grader
+
+
 class EvalConfig(Section):
     """Held-out evaluation (pass@1 at the sampling temperature)."""
 
@@ -116,6 +139,13 @@ class EvalConfig(Section):
         "built-in engine in this process over the trainer's weights; servers = the run's "
         "rollout servers (any rollout.engine), after publishing the trainer's weights to them, "
         "while rollouts go on (docs/engine.md); needs rollout.lag=async",
+    )
+    datasets: list[EvalDataset] = Field(
+        default_factory=list,
+        description="held-out sets evaluated together, each with its own grader; metrics "
+        "per set as eval_pass@1/<name> (and pass@k, maj@k) beside the pooled eval_pass@1. "
+        "Empty: the test split of rollout.dataset (gsm8k_train -> gsm8k, math_train -> "
+        "math500, hub:<name> -> its test split) when it has one, else the task's",
     )
 
 

@@ -200,7 +200,9 @@ class _Job:
             model, config, self.tokenizer.pad_token_id, model_dir, run_dir
         )  # world_size > 1: rank 0 of the data-parallel ranks (relayrl.train.distributed)
         self.loader = PromptLoader(train_problems(config, self.task), seed=config.seed)
-        test = self.task.problems("test", config.eval.num_problems, config.task.seed)
+        from relayrl.eval.sets import eval_problems  # eval.datasets
+
+        test = eval_problems(config, self.task)
         self.test_final = test
         self.test_periodic = test[: config.train.eval_problems]
         self.encode = lambda p: encode_prompt(self.tokenizer, p.prompt)
