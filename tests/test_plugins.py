@@ -183,7 +183,9 @@ def test_a_grader_that_raises_is_counted_and_its_first_error_printed_once(capfd,
 
 
 def test_train_uses_a_user_modules_task_grader_and_loss(tmp_path, tiny_model_dir):
-    """As a user would: their own file in their own directory, `relayrl train --plugin`."""
+    """As a user would: their own file in their own directory, `relayrl train --plugin`; the
+    rollout server, the grading workers and trainer rank 1 (a process of its own,
+    train.world_size=2) all resolve the names."""
     user = tmp_path / "user"
     user.mkdir()
     (user / "parity_plugin.py").write_text(USER_MODULE)
@@ -196,7 +198,8 @@ def test_train_uses_a_user_modules_task_grader_and_loss(tmp_path, tiny_model_dir
             model: {{path: {tiny_model_dir}, max_context: 128}}
             rollout: {{prompts_per_step: 2, n_samples: 4, max_new_tokens: 12}}
             algo: {{loss: vanilla_pg, dynamic_sampling: false}}
-            train: {{total_steps: 2, eval_every: 0, progress: false, trainer_threads: 1}}
+            train: {{total_steps: 2, eval_every: 0, progress: false, trainer_threads: 1,
+                     world_size: 2}}
             eval: {{num_problems: 4, max_new_tokens: 12}}
             runtime: {{threads: 1}}
             """
