@@ -1,4 +1,4 @@
-"""Sliding-window models on the built-in engine: refused when the window can slide (the engine
+"""Architectures and sliding-window models on the built-in engine: refused when the window can slide (the engine
 implements full attention only), accepted, with logprobs equal to the HF forward, when the
 window covers every sequence the engine serves. Small random-init Mistral, Phi3 and Qwen2
 models built from their configs and saved locally (nothing downloaded)."""
@@ -7,7 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, MistralConfig, Phi3Config, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from relayrl.engine.engine import Engine
 from relayrl.engine.types import EngineOptions, SamplingParams
@@ -29,12 +39,24 @@ SIZES = dict(
     eos_token_id=2,
     pad_token_id=0,
 )
-CONFIGS = {"mistral": MistralConfig, "phi3": Phi3Config}
+CONFIGS = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "gemma2": Gemma2Config,
+    "gemma3": Gemma3TextConfig,
+    "mistral": MistralConfig,
+    "phi3": Phi3Config,
+    "gpt_neox": GPTNeoXConfig,
+}
 
 
 def saved_model(tmp_path, kind: str, **config):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS.get(kind, Qwen2Config)(**SIZES, **config))
+    sizes = dict(SIZES, head_dim=8) if kind in ("qwen3", "gemma2", "gemma3") else dict(SIZES)
+    if kind == "gpt_neox":
+        sizes.pop("num_key_value_heads")
+    model = AutoModelForCausalLM.from_config(CONFIGS[kind](**sizes, **config))
     out = tmp_path / kind
     model.save_pretrained(out)
     return load_model(out)  # as a run loads it
@@ -45,13 +67,13 @@ def hf_logprobs_of(model, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
-@pytest.mark.parametrize("kind", ["mistral", "phi3"])
+@pytest.mark.parametrize("kind", ["mistral", "phi3", "gemma2"])
 def test_a_window_that_slides_is_refused_naming_the_key(tmp_path, kind):
     model = saved_model(tmp_path, kind, sliding_window=16)
     # the window matters: the HF forward over 40 tokens differs from full attention's
     ids = list(range(3, 43))
     windowed = hf_logprobs_of(model, ids)
-    model.config.sliding_window = None
+    model.config.sliding_window = 4096  # longer than the sequence: full attention
     full = hf_logprobs_of(model, ids)
     model.config.sliding_window = 16
     assert torch.allclose(windowed[:16], full[:16], atol=1e-5)
@@ -63,8 +85,10 @@ def test_a_window_that_slides_is_refused_naming_the_key(tmp_path, kind):
     assert "rollout.engine=vllm" in message and "model.max_context <= 16" in message
 
 
-@pytest.mark.parametrize("kind", ["mistral", "phi3"])
+@pytest.mark.parametrize("kind", list(CONFIGS))
 def test_a_window_covering_the_context_is_accepted_and_exact(tmp_path, kind):
+    """Engine logprobs equal the HF forward's (the trainer's) on 8 architectures; where the
+    config has a window (Mistral, Phi3, Gemma 2/3, Qwen2/3 off) it covers the context."""
     model = saved_model(tmp_path, kind, sliding_window=64)
     engine = Engine(model, None, EngineOptions(max_seq_len=64, max_running_requests=2))
     try:
