@@ -80,9 +80,14 @@ USER_MODULE = textwrap.dedent(
 
 
 @pytest.fixture
-def clean_env(monkeypatch):
-    monkeypatch.delenv(plugins.ENV, raising=False)
+def clean_env():
+    """No RELAYRL_PLUGINS during the test, and none leaking from it into later tests (their
+    grading workers and servers would import these files)."""
+    saved = os.environ.pop(plugins.ENV, None)
     yield
+    os.environ.pop(plugins.ENV, None)
+    if saved is not None:
+        os.environ[plugins.ENV] = saved
 
 
 def test_a_file_plugin_is_imported_once_and_recorded_for_children(tmp_path, clean_env):
@@ -140,11 +145,6 @@ def _parent_only(problem: Problem, completion: str) -> tuple[float, dict]:
     return 1.0, {}
 
 
-@register_grader("i31_raises")
-def _raises(problem: Problem, completion: str) -> tuple[float, dict]:
-    raise ValueError(f"cannot read {completion!r}")
-
-
 def test_a_grader_missing_in_the_workers_is_a_loud_error(clean_env):
     """Registered here only (this test module is not a plugin): the spawned worker does not
     know it, and the item raises instead of scoring 0."""
@@ -156,7 +156,9 @@ def test_a_grader_missing_in_the_workers_is_a_loud_error(clean_env):
         assert pool.stats()["error"] == 0
 
 
-def test_a_grader_that_raises_is_counted_and_its_first_error_printed_once(capfd, tmp_path):
+def test_a_grader_that_raises_is_counted_and_its_first_error_printed_once(
+    capfd, tmp_path, clean_env
+):
     module = tmp_path / "i31_raising_grader.py"
     module.write_text(
         "from relayrl.rewards.dispatch import register_grader\n"
@@ -164,18 +166,11 @@ def test_a_grader_that_raises_is_counted_and_its_first_error_printed_once(capfd,
         "def bad(problem, completion):\n"
         "    raise ValueError(f'cannot read {completion!r}')\n"
     )
-    saved = os.environ.get(plugins.ENV)
     os.environ[plugins.ENV] = json.dumps([str(module)])  # only the workers import it
-    try:
-        problems = [Problem(f"p{i}", "q", "1", grader="i31_raises") for i in range(3)]
-        with GradingPool(workers=1, timeout_s=60) as pool:
-            results = pool.grade_batch([(p, f"c{i}") for i, p in enumerate(problems)])
-            stats = pool.stats()
-    finally:
-        if saved is None:
-            os.environ.pop(plugins.ENV, None)
-        else:
-            os.environ[plugins.ENV] = saved
+    problems = [Problem(f"p{i}", "q", "1", grader="i31_raises") for i in range(3)]
+    with GradingPool(workers=1, timeout_s=60) as pool:
+        results = pool.grade_batch([(p, f"c{i}") for i, p in enumerate(problems)])
+        stats = pool.stats()
     assert [r.status for r in results] == ["error"] * 3 and stats["error"] == 3
     err = capfd.readouterr().err
     assert err.count("a grader raised") == 1
@@ -218,3 +213,22 @@ def test_train_uses_a_user_modules_task_grader_and_loss(tmp_path, tiny_model_dir
     rows = (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()
     last = [json.loads(r) for r in rows if "grading_ok" in r][-1]
     assert last["grading_ok"] >= 8 and last["grading_error"] == 0, last
+
+
+def test_processes_started_for_the_run_get_the_plugins(tmp_path, clean_env):
+    """Rollout servers and trainer ranks (local children or a Ray actor's, on any node) are
+    started with RELAYRL_PLUGINS, captured where the run is set up."""
+    from relayrl.launch.servers import ServerSpec
+    from relayrl.train.distributed import rank_environment
+
+    assert plugins.ENV not in ServerSpec("m").environment(0)
+    path = tmp_path / "i31_env_plugin.py"
+    path.write_text("")
+    plugins.load_plugins([str(path)])
+    spec = ServerSpec("m")
+    os.environ.pop(plugins.ENV)  # e.g. a Ray actor on another node
+    expected = json.dumps([str(path.resolve())])
+    assert spec.environment(0)[plugins.ENV] == expected
+    os.environ[plugins.ENV] = expected
+    config = load_config(None, ["train.world_size=2"])
+    assert rank_environment(config, 1, "127.0.0.1", 1234)[plugins.ENV] == expected

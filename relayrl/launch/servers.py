@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
+from relayrl.plugins import plugin_environment
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
@@ -156,6 +157,9 @@ class ServerSpec:
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
+    # the user's plugins (relayrl.plugins), taken where the spec is made: a Ray actor that
+    # starts the server on another node does not share this process's environment
+    plugins_env: dict[str, str] = field(default_factory=plugin_environment)
 
     def engine_options(self):
         from relayrl.engine.types import EngineOptions
@@ -180,9 +184,7 @@ class ServerSpec:
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
     def environment(self, index: int) -> dict[str, str]:
-        from relayrl.plugins import plugin_environment
-
-        return {"OMP_NUM_THREADS": str(self.threads), **plugin_environment()}
+        return {"OMP_NUM_THREADS": str(self.threads), **self.plugins_env}
 
 
 @dataclass
