@@ -18,6 +18,7 @@ Imports: relayrl.config, relayrl.tasks, relayrl.eval.metrics.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,14 @@ def eval_problems(config: RunConfig, task: SyntheticTask) -> list[Problem]:
     """The run's held-out problems (module docstring)."""
     specs = default_datasets(config)
     if not specs:
+        if config.rollout.dataset:
+            print(
+                f"warning: rollout.dataset={config.rollout.dataset} has no test split relayrl "
+                f"knows; held-out evaluation uses task {config.task.name!r}'s test split (name "
+                "yours in eval.datasets, e.g. eval.datasets='[{data: my_test.jsonl}]')",
+                file=sys.stderr,
+                flush=True,
+            )
         return task.problems("test", config.eval.num_problems, config.task.seed)
     names = [set_name(s, config.task.name) for s in specs]
     if len(set(names)) != len(names):
