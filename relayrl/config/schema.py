@@ -110,7 +110,9 @@ class EvalDataset(Section):
         "(gsm8k, math500, aime24, aime25, humaneval); a .jsonl/.parquet path; or hub:<name>"
     )
     name: str | None = Field(
-        None, description="label in metrics (eval_pass@1/<name>); default: data's file stem"
+        None,
+        description="label in metrics (eval_pass@1/<name>); default: the task's name (data: "
+        "task), the dataset's name or the file's stem",
     )
     grader: str | None = Field(
         None, description="grader of a file's rows (default: recognised from the rows)"
