@@ -9,7 +9,46 @@ import torch
 
 torch.set_num_threads(1)
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIXTURE_DATA = Path(__file__).resolve().parent / "fixtures" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _registrations_stay_in_their_test():
+    """Names a test (or a user module it imports) registers are dropped after it, so a
+    later test can register the same name from its own module (docs' examples share
+    names). Module-scoped fixtures' registrations are made before this snapshot: they last
+    for their module."""
+    from relayrl.algo.advantages import ADVANTAGES
+    from relayrl.algo.losses import LOSSES
+    from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
+    from relayrl.rewards.dispatch import GRADERS
+    from relayrl.rollout.environment import ENVIRONMENTS
+    from relayrl.rollout.workflow import WORKFLOWS
+    from relayrl.tasks.registry import TASKS
+
+    registries = (ADVANTAGES, LOSSES, ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS, GRADERS)
+    registries += (ENVIRONMENTS, WORKFLOWS, TASKS)
+    before = [set(r) for r in registries]
+    yield
+    for registry, names in zip(registries, before, strict=True):
+        for name in set(registry) - names:
+            del registry[name]
+
+
+def benchmark_root() -> Path:
+    """Where the benchmark files are: ``$RELAYRL_DATA``, else the full sets beside the checkout
+    when present (relayrl's own default lookup), else the samples committed under
+    tests/fixtures/data (README.md there: sources and licences)."""
+    from relayrl.tasks.datasets import default_data_root
+
+    root = default_data_root()
+    return root if root.is_dir() else FIXTURE_DATA
+
+
+def rows_in(root: Path, relative: str) -> int:
+    """The number of rows of a JSONL file under ``root`` (what a loader must return)."""
+    with (root / relative).open() as f:
+        return sum(1 for line in f if line.strip())
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +63,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The real benchmark files in ../shared/data (never committed into the project)."""
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"expected the shared benchmark data at {SHARED_DATA}")
-    return SHARED_DATA
+def benchmark_data() -> Path:
+    """The folder of benchmark files the tests read (:func:`benchmark_root`)."""
+    return benchmark_root()

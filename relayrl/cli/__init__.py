@@ -13,6 +13,11 @@ import sys
 
 from relayrl.errors import RelayError
 
+PLUGIN_HELP = (
+    "import user code that registers tasks, graders, losses, advantages or workflows before "
+    "anything is validated: a module name or a .py path (repeatable; docs/your-own.md)"
+)
+
 # command name -> module under relayrl.cli
 COMMANDS: dict[str, str] = {
     "demo": "demo",
@@ -33,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="relayrl", description="Fully asynchronous RL for LLM reasoning."
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for user errors")
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE_OR_PATH", help=PLUGIN_HELP
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"relayrl.cli.{module_name}")
@@ -42,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             default=argparse.SUPPRESS,
             help="show full tracebacks for user errors",
+        )
+        cmd.add_argument(
+            "--plugin",
+            dest="command_plugin",
+            action="append",
+            default=[],
+            metavar="MODULE_OR_PATH",
+            help=PLUGIN_HELP,
         )
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
@@ -54,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()  # relayrl prints its own progress: no library bars in any command
     args = build_parser().parse_args(argv)
     try:
+        from relayrl.plugins import load_plugins, load_plugins_from_env
+
+        load_plugins_from_env()
+        args.plugin = load_plugins([*args.plugin, *args.command_plugin])
         return int(args._run(args) or 0)
     except RelayError as exc:
         if args.debug:

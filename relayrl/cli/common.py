@@ -24,7 +24,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_required: bool 
 def load_run_config(args: argparse.Namespace):
     from relayrl.config.loader import load_config
 
-    return load_config(args.config, args.overrides)
+    return load_config(args.config, args.overrides, plugins=getattr(args, "plugin", None))
 
 
 def add_module_subcommands(

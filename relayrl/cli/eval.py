@@ -17,6 +17,8 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from relayrl.errors import RelayError
+
 HELP = "evaluate a model on a benchmark or synthetic task: pass@1, pass@k, maj@k"
 
 
@@ -30,6 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="benchmark name (gsm8k, math500, aime24, aime25, humaneval, "
         "math_train), a synthetic task (arithmetic, countdown: its test "
         "split), or a .jsonl/.parquet file",
+    )
+    parser.add_argument(
+        "--task-params",
+        default=None,
+        metavar="YAML",
+        help="parameters of a synthetic --data task, as task.params takes them, e.g. "
+        "'{max_steps: 3, tail: 0.5}'",
+    )
+    parser.add_argument(
+        "--task-seed", type=int, default=0, help="seed of a synthetic task's problems"
     )
     parser.add_argument("--n", type=int, default=1, help="samples per problem (K)")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -76,8 +88,29 @@ def _load(args: argparse.Namespace):
     from relayrl.tasks.registry import TASKS, make_task
 
     if args.data in TASKS:
-        return make_task(args.data).problems("test", args.limit or 500, seed=0)
+        task = make_task(args.data, _task_params(args.task_params))
+        return task.problems("test", args.limit or 500, seed=args.task_seed)
+    if args.task_params is not None:
+        raise RelayError(
+            f"--task-params: --data {args.data!r} is not a synthetic task "
+            f"(one of {sorted(TASKS)}); a dataset takes no task parameters"
+        )
     return load_problems(args.data, data_root=args.data_root, limit=args.limit)
+
+
+def _task_params(text: str | None) -> dict:
+    """``--task-params`` as a mapping (YAML or JSON)."""
+    import yaml
+
+    if text is None:
+        return {}
+    try:
+        params = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RelayError(f"--task-params: not valid YAML/JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise RelayError(f"--task-params: expected a mapping like '{{max_steps: 3}}', got {text!r}")
+    return params
 
 
 def _run_config(args: argparse.Namespace):

@@ -72,7 +72,7 @@ def _config(args: argparse.Namespace):
             raise RelayError("relayrl train needs a CONFIG (or --resume RUN_DIR)")
         from relayrl.config.loader import load_config
 
-        return load_config(args.config, overrides)
+        return load_config(args.config, overrides, plugins=getattr(args, "plugin", None))
     if args.config is not None:
         if "=" not in args.config:
             raise RelayError(

@@ -209,8 +209,13 @@ def _validation_message(exc: ValidationError, where) -> str:
     return "\n".join(messages)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read ``path`` (or the defaults), apply ``overrides`` and validate."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    plugins: list[str] | None = None,
+) -> RunConfig:
+    """Read ``path`` (or the defaults), apply ``overrides``, add ``plugins`` (``--plugin``)
+    to the config's own and validate (the plugins are imported first: relayrl.plugins)."""
     data, lines = read_yaml(path) if path is not None else ({}, {})
     override_keys: set[str] = set()
 
@@ -228,6 +233,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         override_keys.add(key)
         _check_keys(_nest(key, value), RunConfig, "", lambda _, k=key: f"override '{k}': ")
         _set_dotted(data, key, value)
+    if plugins:
+        own = data.get("plugins") or []
+        data["plugins"] = [*(own if isinstance(own, list) else [own]), *plugins]
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

@@ -12,8 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.plugins import load_plugins
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
+from relayrl.rewards.dispatch import GRADERS
 from relayrl.rollout.workflow import WORKFLOWS
+from relayrl.tasks.registry import TASKS, make_task
 
 
 class Section(BaseModel):
@@ -24,7 +27,9 @@ class TaskConfig(Section):
     """The synthetic task the run trains and evaluates on."""
 
     name: str = Field(
-        "arithmetic", description="synthetic task: arithmetic | countdown | tool_multiply"
+        "arithmetic",
+        description="synthetic task, a name registered in relayrl.tasks.registry.TASKS: "
+        "arithmetic | countdown | tool_multiply, or one a plugin registers",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -33,6 +38,23 @@ class TaskConfig(Section):
     seed: int = Field(0, description="seed of problem generation (splits are disjoint)")
     train_size: int = Field(20000, gt=0, description="train problems generated")
     test_size: int = Field(500, gt=0, description="held-out problems used for evaluation")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_task(cls, name: str) -> str:
+        TASKS.lookup(name)  # a ValueError names the registered tasks
+        return name
+
+    @model_validator(mode="after")
+    def _registered_grader(self) -> TaskConfig:
+        """The grader the task's problems name is registered (one problem is generated)."""
+        problem = make_task(self.name, self.params).problems("test", 1, self.seed)[0]
+        if problem.grader not in GRADERS:
+            raise ValueError(
+                f"task {self.name!r} grades with {problem.grader!r}, which no module "
+                f"registered; registered graders: {sorted(GRADERS)} (a plugin must register it)"
+            )
+        return self
 
 
 class ModelConfig(Section):
@@ -81,6 +103,31 @@ class SFTConfig(Section):
     log_every: int = Field(50, gt=0)
 
 
+class EvalDataset(Section):
+    """One held-out set of ``eval.datasets``: its problems keep their own grader."""
+
+    data: str = Field(
+        description="task = the run's synthetic task's test split; a known dataset name "
+        "(gsm8k, math500, aime24, aime25, humaneval); a .jsonl/.parquet path; or hub:<name>"
+    )
+    name: str | None = Field(
+        None,
+        description="label in metrics (eval_pass@1/<name>); default: the task's name (data: "
+        "task), the dataset's name or the file's stem",
+    )
+    grader: str | None = Field(
+        None, description="grader of a file's rows (default: recognised from the rows)"
+    )
+    limit: int | None = Field(None, gt=0, description="first N problems (default: all)")
+
+    @field_validator("grader")
+    @classmethod
+    def _registered(cls, grader: str | None) -> str | None:
+        if grader is not None:
+            GRADERS.lookup(grader)
+        return grader
+
+
 class EvalConfig(Section):
     """Held-out evaluation (pass@1 at the sampling temperature)."""
 
@@ -95,6 +142,13 @@ class EvalConfig(Section):
         "built-in engine in this process over the trainer's weights; servers = the run's "
         "rollout servers (any rollout.engine), after publishing the trainer's weights to them, "
         "while rollouts go on (docs/engine.md); needs rollout.lag=async",
+    )
+    datasets: list[EvalDataset] = Field(
+        default_factory=list,
+        description="held-out sets evaluated together, each with its own grader; metrics "
+        "per set as eval_pass@1/<name> (and pass@k, maj@k) beside the pooled eval_pass@1. "
+        "Empty: the test split of rollout.dataset (gsm8k_train -> gsm8k, math_train -> "
+        "math500, hub:<name> -> its test split) when it has one, else the task's",
     )
 
 
@@ -644,6 +698,22 @@ class RunConfig(Section):
     )
     ray: RayConfig = Field(default_factory=RayConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="user modules imported before the config is validated, in every process "
+        "of the run: dotted module names or .py file paths (stored absolute); they register "
+        "tasks, graders, losses, advantages, workflows (docs/extending.md); --plugin on the "
+        "command line adds more",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plugins"):
+            if not isinstance(data["plugins"], list):
+                raise ValueError("plugins must be a list of module names or .py paths")
+            data = {**data, "plugins": load_plugins(data["plugins"])}
+        return data
 
     @field_validator("launcher")
     @classmethod

@@ -41,13 +41,39 @@ def eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def check_supported(config) -> None:
+def sliding_window(config) -> int | None:
+    """The attention window the model's config.json sets for some of its layers, or None
+    (Mistral and Phi3 set ``sliding_window``; Qwen2 only with ``use_sliding_window``; models
+    with ``layer_types`` only if a layer is ``sliding_attention``)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def check_supported(config, max_seq_len: int) -> None:
+    """Refuse what the built-in engine would generate wrongly: it implements full attention
+    only, so a sliding window must cover every sequence it serves (``max_seq_len`` tokens:
+    model.max_context for a run's servers), where it never slides."""
     layer_types = getattr(config, "layer_types", None) or []
-    odd = sorted(set(layer_types) - {"full_attention"})
+    odd = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
     if odd:
         raise RelayError(
             f"model layer types {odd} are not supported by the built-in engine "
-            "(only full-attention layers; sliding-window/linear attention need per-row masks)"
+            "(only full-attention layers; linear attention needs its own state)"
+        )
+    window = sliding_window(config)
+    if window is not None and window < max_seq_len:
+        raise RelayError(
+            f"the model's config.json sets `sliding_window`: {window}, shorter than the "
+            f"{max_seq_len}-token sequences this engine would serve; the built-in engine "
+            "implements full attention only and would generate with wrong logprobs. Use "
+            "rollout.engine=vllm (relayrl eval: --engine vllm), or cap the context at the "
+            f"window (model.max_context <= {window}; relayrl serve --max-seq-len {window}), "
+            "where it has no effect"
         )
 
 
@@ -55,13 +81,13 @@ class ModelRunner:
     def __init__(self, model, options: EngineOptions, stats: dict[str, Any]) -> None:
         self.model = model.eval()
         config = model.config
-        check_supported(config)
+        context = getattr(config, "max_position_embeddings", None) or 4096
+        self.max_seq_len = min(options.max_seq_len or context, context)
+        check_supported(config, self.max_seq_len)
         self.stats = stats  # the engine's counters, shared
         self.device = next(model.parameters()).device
         prefer_shape_agnostic_attention(self.device)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        context = getattr(config, "max_position_embeddings", None) or 4096
-        self.max_seq_len = min(options.max_seq_len or context, context)
         slots = options.max_running_requests
         if options.max_total_tokens is not None:
             slots = min(slots, max(1, options.max_total_tokens // self.max_seq_len))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from relayrl.config.schema import EvalConfig
 from relayrl.engine.types import GenerationResult, SamplingParams
 from relayrl.eval.metrics import mean_maj_at_k, mean_pass_at_k
+from relayrl.eval.sets import set_metrics, set_summaries
 from relayrl.models.loading import encode_prompt
 from relayrl.rewards.dispatch import grade_detail
 from relayrl.rollout.environment import (
@@ -60,6 +61,11 @@ class EvalReport:
     too_long: int = 0
     per_problem: list[dict] = field(default_factory=list)
     episode: dict[str, float] = field(default_factory=dict)  # episode counters' means
+    per_set: dict[str, dict[str, float]] = field(default_factory=dict)  # eval.datasets
+
+    def set_metrics(self) -> dict[str, float]:
+        """Per held-out set (``eval.datasets``): ``eval_pass@1/<set>`` and the like."""
+        return set_metrics(self.per_set)
 
     def summary(self) -> dict:
         return {
@@ -72,6 +78,7 @@ class EvalReport:
             "weight_version": self.weight_version,
             "too_long": self.too_long,
             **{f"episode_{k}": v for k, v in self.episode.items()},
+            **({"per_set": self.per_set} if self.per_set else {}),
         }
 
 
@@ -202,6 +209,7 @@ def evaluate(
         too_long=sum(r["too_long"] for r in per_problem),
         per_problem=per_problem,
         episode=episode_stats,
+        per_set=set_summaries(problems, correct, answers, [k for k in ks if k > 1]),
     )
 
 

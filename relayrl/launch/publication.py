@@ -60,7 +60,7 @@ import torch
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.weights import read_state_dict, weights_checksum
 from relayrl.errors import RelayError
-from relayrl.launch.publish import DiskPublisher, Snapshot, WeightPublisher, WeightSource
+from relayrl.launch.publish import Snapshot, WeightPublisher, WeightSource
 
 if TYPE_CHECKING:
     from relayrl.launch.supervisor import ServerSupervisor
@@ -220,15 +220,7 @@ class PublicationSteps:
                 await self._resume_after_failure(client, version, urls)
 
     def _load_calls(self, client: RolloutClient, snapshot: Snapshot) -> dict[str, Awaitable]:
-        keep_kv = self.mode == "inflight"
-        if isinstance(self.publisher, DiskPublisher) and snapshot.path is not None:
-            path = str(snapshot.path)
-            return {
-                u: client.update_weights(path, version=snapshot.version, urls=[u], keep_kv=keep_kv)
-                for u in client.urls
-            }
-        # one transfer to every server (e.g. one broadcast): it names the server that fails
-        return {", ".join(client.urls): self.publisher.transfer(client, snapshot, keep_kv)}
+        return self.publisher.load_calls(client, snapshot, keep_kv=self.mode == "inflight")
 
     async def _verify(self, client: RolloutClient, url: str, snapshot: Snapshot) -> None:
         report = await client.weights_report(url)

@@ -59,7 +59,7 @@ import asyncio
 import socket
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -153,6 +153,14 @@ class WeightPublisher(ABC):
     async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
         """Put ``snapshot`` on every server of ``client`` (as one load each)."""
 
+    def load_calls(
+        self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool
+    ) -> dict[str, Awaitable[None]]:
+        """The calls of a publication's load step (``relayrl.launch.publication``), keyed by
+        the server(s) each names when it fails: by default one :meth:`transfer` to every
+        server (one broadcast reaches them all)."""
+        return {", ".join(client.urls): self.transfer(client, snapshot, keep_kv)}
+
     async def load(self, client: RolloutClient, snapshot: Snapshot, mode: str) -> None:
         """Publish ``snapshot`` under ``train.publish_mode`` ``mode``: ``abort``: pause
         (aborting running requests, which the client resubmits), load, continue;
@@ -205,6 +213,19 @@ class DiskPublisher(WeightPublisher):
         if snapshot.path is None:
             raise RelayError(f"publication v{snapshot.version} has no disk snapshot to load")
         await client.update_weights(str(snapshot.path), version=snapshot.version, keep_kv=keep_kv)
+
+    def load_calls(
+        self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool
+    ) -> dict[str, Awaitable[None]]:
+        """One load per server, so a failure names its server; a subclass that overrides
+        :meth:`transfer` (a plugin's transport) gets its one transfer call instead."""
+        if type(self).transfer is not DiskPublisher.transfer or snapshot.path is None:
+            return super().load_calls(client, snapshot, keep_kv)
+        path, version = str(snapshot.path), snapshot.version
+        return {
+            u: client.update_weights(path, version=version, urls=[u], keep_kv=keep_kv)
+            for u in client.urls
+        }
 
 
 def address_towards(urls: list[str]) -> str:

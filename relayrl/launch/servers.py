@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
+from relayrl.plugins import plugin_environment
 from relayrl.runkey import API_KEY_ENV
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
@@ -81,8 +82,10 @@ def serve_child(options_json: str) -> None:
     the :class:`ServeOptions` in ``options_json``; a RelayError is one ``error:`` line."""
     die_with_parent(int(os.environ.pop(PARENT_ENV, "0") or 0))
     from relayrl.engine.serve import ServeOptions, serve_main
+    from relayrl.plugins import load_plugins_from_env
 
     try:
+        load_plugins_from_env()
         options = ServeOptions.from_json(options_json)
         # the key comes in the environment, never in argv; no grandchild inherits it
         options.api_key = os.environ.pop(API_KEY_ENV, None) or options.api_key
@@ -162,6 +165,9 @@ class ServerSpec:
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
     # the key every request but /health needs; handed over in the environment (not argv)
     api_key: str | None = field(default=None, repr=False)
+    # the user's plugins (relayrl.plugins), taken where the spec is made: a Ray actor that
+    # starts the server on another node does not share this process's environment
+    plugins_env: dict[str, str] = field(default_factory=plugin_environment)
 
     def engine_options(self):
         from relayrl.engine.types import EngineOptions
@@ -186,7 +192,7 @@ class ServerSpec:
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
     def environment(self, index: int) -> dict[str, str]:
-        env = {"OMP_NUM_THREADS": str(self.threads)}
+        env = {"OMP_NUM_THREADS": str(self.threads), **self.plugins_env}
         if self.api_key:
             env[API_KEY_ENV] = self.api_key
         return env

@@ -12,13 +12,15 @@ carries in ``grader`` to a function ``(problem, completion) -> (reward, info)``;
 
 Call these from a grading-pool worker (:mod:`relayrl.rewards.pool`): math-verify needs a
 main thread and code runs spawn sandboxes. A grader registered outside relayrl must be
-registered in a module the workers import too (they are spawned processes).
+registered in a plugin (:mod:`relayrl.plugins`), which the workers import too (they are
+spawned processes); an unknown grader fails the item loudly (:class:`UnknownGraderError`).
 
 Imports: relayrl.rewards, relayrl.tasks.base, relayrl.registry, relayrl.errors.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,14 @@ from relayrl.registry import Registry
 from relayrl.rewards.countdown import verify_countdown
 from relayrl.rewards.math import MathGradeConfig, grade_math, grade_math_answer
 from relayrl.tasks.base import Problem
+
+
+class UnknownGraderError(RelayError):
+    """A problem names a grader this process does not know: a configuration error (a
+    grading-pool worker fails the item loudly instead of scoring it 0)."""
+
+    fatal = True
+
 
 GraderFn = Callable[[Problem, str], tuple[float, dict[str, Any]]]
 GRADERS: Registry[GraderFn] = Registry("grader")
@@ -63,9 +73,11 @@ def grade_detail(problem: Problem, completion: str) -> tuple[float, dict[str, An
     """The reward (1.0 or 0.0) and what the grader saw (extracted answer, method, status)."""
     grader = GRADERS.get(problem.grader)
     if grader is None:
-        raise RelayError(
-            f"problem {problem.id!r} names unknown grader {problem.grader!r}; "
-            f"registered: {sorted(GRADERS)}"
+        raise UnknownGraderError(
+            f"problem {problem.id!r} names unknown grader {problem.grader!r} in process "
+            f"{os.getpid()}; registered: {sorted(GRADERS)}. A grader registered outside "
+            "relayrl must be in a plugin (plugins: [...] in the config or --plugin), which "
+            "every process imports, not in a script's `if __name__ == '__main__'` block"
         )
     return grader(problem, completion)
 

@@ -5,7 +5,12 @@ that grades one item at a time on its main thread, where math-verify's ``signal.
 works. One feeder thread per worker sends it items and waits for the answer up to
 ``timeout_s``:
 
-* the grader raised → reward 0, status ``error`` (counted), the worker keeps going;
+* the grader raised → reward 0, status ``error`` (counted; the first error is printed to
+  stderr once per pool), the worker keeps going;
+* the problem names a grader the worker does not know (registered only in the parent, e.g.
+  under ``if __name__ == "__main__"`` rather than in a plugin), or the worker cannot import
+  the plugins → the item's future raises that :class:`~relayrl.errors.RelayError`: a
+  configuration error, never a silent 0;
 * no answer in time → the worker is killed and replaced, reward 0, status ``timeout``;
 * the worker died (``os._exit``, segfault, OOM kill) → replaced, reward 0, status ``crash``;
 * the worker died while idle (e.g. killed from outside between two items) → replaced
@@ -29,6 +34,7 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 from collections import Counter
@@ -37,6 +43,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.errors import RelayError
 from relayrl.tasks.base import Problem
 
 Grader = Callable[[Problem, str], Any]
@@ -91,10 +98,16 @@ def _default_grader(problem: Problem, completion: str) -> tuple[float, dict[str,
 
 
 def _worker_main(conn: Any, grader: Grader) -> None:
-    """Worker loop: receive (problem, completion), send ("ok", reward, info) or ("error", msg)."""
+    """Worker loop: receive (problem, completion), send ("ok", reward, info), ("error", msg)
+    or, for a configuration error (``fatal`` set on the exception), ("fatal", msg)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import sys
+    from relayrl.plugins import load_plugins_from_env
 
+    try:
+        load_plugins_from_env()  # the user's graders, registered as in the parent
+    except Exception as exc:
+        conn.send(("fatal", f"grading worker: {exc}"))
+        return
     if "torch" in sys.modules:  # graders should not need torch; if one imports it, 1 thread
         sys.modules["torch"].set_num_threads(1)
     conn.send(("ready",))
@@ -140,7 +153,10 @@ class _Worker:
         if not self.conn.poll(start_timeout_s):
             self.stop()
             raise RuntimeError(f"grading worker did not start within {start_timeout_s}s")
-        self.conn.recv()
+        reply = self.conn.recv()
+        if reply[0] == "fatal":
+            self.stop()
+            raise RelayError(reply[1])
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -172,6 +188,7 @@ class GradingPool:
         self._jobs: queue.Queue[tuple[Future, Problem, str] | None] = queue.Queue()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
+        self.first_error: str | None = None
         self._closed = False
         self._threads = [
             threading.Thread(target=self._feed, name=f"grader-{i}", daemon=True)
@@ -268,8 +285,14 @@ class GradingPool:
                 future, problem, completion = job
                 if not future.set_running_or_notify_cancel():
                     continue
-                worker, result = self._grade_one(worker, problem, completion)
+                try:
+                    worker, result = self._grade_one(worker, problem, completion)
+                except RelayError as exc:  # a configuration error: the caller must see it
+                    future.set_exception(exc)
+                    continue
                 self._count("graded", result.status)
+                if result.status == "error":
+                    self._report_first_error(problem, result.detail)
                 future.set_result(result)
         finally:
             if worker is not None:
@@ -307,9 +330,23 @@ class GradingPool:
                 seconds=time.monotonic() - start,
             )
         elapsed = time.monotonic() - start
+        if reply[0] == "fatal":
+            raise RelayError(reply[1])
         if reply[0] == "ok":
             return worker, RewardResult(reply[1], "ok", info=reply[2], seconds=elapsed)
         return worker, RewardResult(0.0, reply[0], reply[1], seconds=elapsed)
+
+    def _report_first_error(self, problem: Problem, detail: str) -> None:
+        with self._lock:
+            if self.first_error is not None:
+                return
+            self.first_error = f"problem {problem.id!r} (grader {problem.grader!r}): {detail}"
+        print(
+            f"warning: a grader raised, scored 0 and counted as status 'error' (only the "
+            f"first is printed): {self.first_error}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _replace(self, worker: _Worker) -> None:
         worker.stop()

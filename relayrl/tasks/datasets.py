@@ -228,7 +228,8 @@ def load_problems(
         if not path.is_file():
             raise RelayError(
                 f"dataset {source!r} expects its file at {path}; set RELAYRL_DATA or --data-root "
-                "to the folder holding the benchmark files"
+                f"to the folder holding the benchmark files ({spec.path} under it; samples of "
+                "each in the repository's tests/fixtures/data)"
             )
         problems = rows_to_problems(
             iter_jsonl(path),

@@ -46,13 +46,22 @@ FIELDS: list[tuple[str, str, str]] = [
 ]
 
 
+SET_PASS_AT_1 = EVAL_PASS_AT_1 + "/"  # eval.datasets: eval_pass@1/<set> (relayrl.eval.sets)
+
+
 def status_line(metrics: Mapping[str, Any]) -> str:
-    """``reward 0.412 | pass 0.40 | ...`` for the keys ``metrics`` holds."""
-    parts = [
-        f"{label} {fmt.format(metrics[key])}"
-        for key, label, fmt in FIELDS
-        if isinstance(metrics.get(key), (int, float, str)) and not isinstance(metrics[key], bool)
-    ]
+    """``reward 0.412 | pass 0.40 | ...`` for the keys ``metrics`` holds; each held-out set's
+    pass@1 (``eval_pass@1/<set>``) follows the pooled one."""
+    parts = []
+    for key, label, fmt in FIELDS:
+        if isinstance(metrics.get(key), (int, float, str)) and not isinstance(metrics[key], bool):
+            parts.append(f"{label} {fmt.format(metrics[key])}")
+        if key == EVAL_PASS_AT_1:
+            parts.extend(
+                f"{k[len(SET_PASS_AT_1) :]} {v:.2f}"
+                for k, v in metrics.items()
+                if k.startswith(SET_PASS_AT_1) and isinstance(v, (int, float))
+            )
     return " | ".join(parts)
 
 
@@ -95,6 +104,7 @@ class Dashboard:
         self.stream = stream if stream is not None else sys.stdout
         self.live = enabled and is_terminal(self.stream)
         self.last_eval: float | None = None
+        self.last_sets: dict[str, Any] = {}
         self._bar = self._status = None
         if self.live:
             from tqdm import tqdm
@@ -112,7 +122,8 @@ class Dashboard:
             return
         if isinstance(metrics.get(EVAL_PASS_AT_1), (int, float)):
             self.last_eval = float(metrics[EVAL_PASS_AT_1])
-        shown = {**metrics, EVAL_PASS_AT_1: self.last_eval}
+            self.last_sets = {k: v for k, v in metrics.items() if k.startswith(SET_PASS_AT_1)}
+        shown = {**metrics, EVAL_PASS_AT_1: self.last_eval, **self.last_sets}
         step = int(metrics[STEP])
         if self._bar is not None and self._status is not None:
             self._status.set_description_str(status_line(shown), refresh=True)

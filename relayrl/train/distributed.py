@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.plugins import load_plugins_from_env
 from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.worker_ranks import (
     BACKEND_ENV,
@@ -378,6 +379,7 @@ def worker_main() -> None:
         dist.init_process_group(backend=backend, timeout=timeout)
         control = _control_group(backend)
         setup, pad_id = _receive(control)
+        load_plugins_from_env()  # the config's own plugins are imported by its validation
         config = RunConfig.model_validate(setup["config"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         trainer = _build_rank(

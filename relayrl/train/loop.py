@@ -109,6 +109,7 @@ def eval_row(report: EvalReport, seconds: float) -> dict[str, Any]:
         EVAL_PROBLEMS: report.num_problems,
         TIME_EVAL_S: seconds,
         **{f"eval_episode_{k}": v for k, v in report.episode.items()},
+        **report.set_metrics(),  # eval.datasets: per held-out set (relayrl.eval.sets)
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.plugins import plugin_environment
 
 WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main()"
 PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
@@ -48,6 +49,7 @@ def rank_environment(config: RunConfig, rank: int, master_addr: str, port: int) 
         "OMP_NUM_THREADS": str(config.train.trainer_threads),
         BACKEND_ENV: resolve_backend(config),
         TIMEOUT_ENV: str(config.train.dist_timeout_s),
+        **plugin_environment(),  # the user's plugins, imported by the rank at start
     }
 
 

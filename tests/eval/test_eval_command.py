@@ -34,14 +34,14 @@ def test_eval_synthetic_task_reports_pass_at_k_and_maj_at_k(tiny_model_dir, tmp_
 
 @pytest.mark.parametrize("data", ["gsm8k", "humaneval"])
 def test_eval_real_benchmark_runs_without_errors(
-    data, tiny_model_dir, tmp_path, capsys, shared_data
+    data, tiny_model_dir, tmp_path, capsys, benchmark_data
 ):
     out = tmp_path / "eval.jsonl"
     code = run_eval(
         tiny_model_dir,
         data,
         out,
-        *("--limit", "3", "--max-new-tokens", "16", "--data-root", str(shared_data)),
+        *("--limit", "3", "--max-new-tokens", "16", "--data-root", str(benchmark_data)),
         *("--timeout", "20"),
     )
     assert code == 0

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from relayrl.cli import main
+from tests.conftest import rows_in
 
 
 def test_grade_reports_rows_and_accuracy(
-    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    benchmark_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     preds = tmp_path / "preds.jsonl"
     preds.write_text(
@@ -34,7 +35,7 @@ def test_grade_reports_rows_and_accuracy(
             "--data",
             "gsm8k",
             "--data-root",
-            str(shared_data),
+            str(benchmark_data),
             "--predictions",
             str(preds),
             "--out",
@@ -47,7 +48,8 @@ def test_grade_reports_rows_and_accuracy(
     assert f"{preds}:3: malformed row" in captured.err
     assert f"{preds}:4: unknown id 'gsm8k-test-99999'" in captured.err
     assert f"{preds}:5: malformed row" in captured.err
-    assert "missing predictions for 1316 of 1319 ids" in captured.err
+    rows = rows_in(benchmark_data, "gsm8k/test.jsonl")
+    assert f"missing predictions for {rows - 3} of {rows} ids" in captured.err
     verdicts = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(v["id"], v["line"], v["correct"]) for v in verdicts] == [
         ("gsm8k-test-00000", 1, True),
@@ -63,11 +65,11 @@ def test_grade_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_a_humaneval_file_given_by_path_is_graded_by_the_code_grader(
-    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    benchmark_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A user file in HumanEval's schema is recognised as code: its canonical solutions pass
     (graded by the math grader they would all score 0)."""
-    rows = [json.loads(line) for line in (shared_data / "humaneval/test.jsonl").open()][:3]
+    rows = [json.loads(line) for line in (benchmark_data / "humaneval/test.jsonl").open()][:3]
     data = tmp_path / "my_humaneval.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     preds = tmp_path / "preds.jsonl"

@@ -19,6 +19,7 @@ from relayrl.rewards.code import build_program, extract_code, grade_code
 from relayrl.rewards.pool import GradingPool
 from relayrl.rewards.sandbox import BASE_UID, SandboxLimits, python_argv, run_sandboxed
 from relayrl.tasks.datasets import load_problems
+from tests.conftest import rows_in
 
 LIMITS = SandboxLimits(wall_s=4.0, cpu_s=3, memory_mb=512, nproc=4)
 PROMPT = "def add(a, b):\n"
@@ -41,15 +42,16 @@ def _sandbox_pids() -> list[int]:
     return pids
 
 
-def test_humaneval_canonical_pass_and_mutants_fail(shared_data: Path) -> None:
-    problems = load_problems("humaneval", data_root=shared_data)
+def test_humaneval_canonical_pass_and_mutants_fail(benchmark_data: Path) -> None:
+    problems = load_problems("humaneval", data_root=benchmark_data)
     items = [(p, p.answer) for p in problems] + [(p, "    return None\n") for p in problems]
     with GradingPool(workers=2, timeout_s=60.0) as pool:
         results = pool.grade_batch(items)
     canonical, mutants = results[: len(problems)], results[len(problems) :]
     failed = [(p.id, r.info) for p, r in zip(problems, canonical, strict=True) if r.reward != 1.0]
     passed_mutants = [p.id for p, r in zip(problems, mutants, strict=True) if r.reward != 0.0]
-    assert len(problems) == 164 and failed == [] and passed_mutants == []
+    assert len(problems) == rows_in(benchmark_data, "humaneval/test.jsonl")
+    assert failed == [] and passed_mutants == []
 
 
 def test_correct_candidate_passes_in_chat_format() -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from relayrl.errors import RelayError
-from relayrl.tasks.datasets import FieldMap, load_problems
+from relayrl.tasks.datasets import DATASETS, FieldMap, load_problems
+from tests.conftest import FIXTURE_DATA, rows_in
 
-EXPECTED = {
+FULL_ROWS = {
     "gsm8k": 1319,
     "math500": 500,
     "aime24": 30,
@@ -20,31 +21,33 @@ EXPECTED = {
 }
 
 
-def test_known_datasets_load(shared_data: Path) -> None:
-    for name, count in EXPECTED.items():
-        problems = load_problems(name, data_root=shared_data)
+def test_known_datasets_load(benchmark_data: Path) -> None:
+    for name, full in FULL_ROWS.items():
+        problems = load_problems(name, data_root=benchmark_data)
+        count = rows_in(benchmark_data, DATASETS[name].path)
+        assert count == full or benchmark_data == FIXTURE_DATA, (name, count)
         assert len(problems) == count, name
         assert len({p.id for p in problems}) == count
-    gsm = load_problems("gsm8k", data_root=shared_data, limit=1)[0]
+    gsm = load_problems("gsm8k", data_root=benchmark_data, limit=1)[0]
     assert gsm.grader == "math" and gsm.answer == "18" and "####" in gsm.prompt
     assert gsm.prompt.startswith("Janet")
-    math500 = load_problems("math500", data_root=shared_data, limit=1)[0]
+    math500 = load_problems("math500", data_root=benchmark_data, limit=1)[0]
     assert "\\boxed{}" in math500.prompt and math500.meta["math"]["modes"][0] == "boxed"
-    he = load_problems("humaneval", data_root=shared_data, limit=1)[0]
+    he = load_problems("humaneval", data_root=benchmark_data, limit=1)[0]
     assert he.grader == "code" and he.meta["entry_point"] == "has_close_elements"
     assert "def check" in he.meta["test"] and he.meta["prompt"] in he.prompt
 
 
-def test_env_data_root(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RELAYRL_DATA", str(shared_data))
-    assert len(load_problems("aime25")) == 30
+def test_env_data_root(benchmark_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYRL_DATA", str(benchmark_data))
+    assert len(load_problems("aime25")) == rows_in(benchmark_data, "aime25/test.jsonl")
     monkeypatch.setenv("RELAYRL_DATA", "/nonexistent")
     with pytest.raises(RelayError, match="RELAYRL_DATA"):
         load_problems("aime25")
 
 
-def test_template_override(shared_data: Path) -> None:
-    p = load_problems("aime24", data_root=shared_data, template="Q: {problem}\nA:", limit=1)[0]
+def test_template_override(benchmark_data: Path) -> None:
+    p = load_problems("aime24", data_root=benchmark_data, template="Q: {problem}\nA:", limit=1)[0]
     assert p.prompt.startswith("Q: Every morning") and p.prompt.endswith("A:")
 
 

@@ -18,6 +18,7 @@ from relayrl.rewards.extract import parse_number
 from relayrl.rewards.pool import GradingPool
 from relayrl.tasks.base import Problem
 from relayrl.tasks.datasets import load_problems
+from tests.conftest import FIXTURE_DATA, rows_in
 
 # Gold answers math-verify cannot confirm against themselves (see docs/graders.md): none today.
 EXPECTED_FAILURES: dict[str, set[str]] = {"math500": set(), "aime24": set(), "aime25": set()}
@@ -35,22 +36,22 @@ def _no_shortcut(problem: Problem) -> Problem:
     return dataclasses.replace(problem, meta=meta)
 
 
-def test_gsm8k_solutions_grade_correct(shared_data: Path, pool: GradingPool) -> None:
+def test_gsm8k_solutions_grade_correct(benchmark_data: Path, pool: GradingPool) -> None:
     import json
 
     solutions = {}
-    for line in (shared_data / "gsm8k" / "test.jsonl").open():
+    for line in (benchmark_data / "gsm8k" / "test.jsonl").open():
         row = json.loads(line)
         solutions[row["id"]] = row["solution"]
-    problems = load_problems("gsm8k", data_root=shared_data)
+    problems = load_problems("gsm8k", data_root=benchmark_data)
     results = pool.grade_batch([(p, solutions[p.id]) for p in problems])
     wrong = [p.id for p, r in zip(problems, results, strict=True) if r.reward != 1.0]
-    assert len(problems) == 1319 and wrong == []
+    assert len(problems) == rows_in(benchmark_data, "gsm8k/test.jsonl") and wrong == []
 
 
 @pytest.mark.parametrize("name", ["math500", "aime24", "aime25"])
-def test_boxed_golds_grade_correct(name: str, shared_data: Path, pool: GradingPool) -> None:
-    problems = [_no_shortcut(p) for p in load_problems(name, data_root=shared_data)]
+def test_boxed_golds_grade_correct(name: str, benchmark_data: Path, pool: GradingPool) -> None:
+    problems = [_no_shortcut(p) for p in load_problems(name, data_root=benchmark_data)]
     items = [
         (p, f"Some reasoning.\nSo the final answer is $\\boxed{{{p.answer}}}$.") for p in problems
     ]
@@ -79,10 +80,10 @@ def perturbations(gold: str) -> list[str]:
     return out
 
 
-def test_perturbed_answers_grade_wrong(shared_data: Path, pool: GradingPool) -> None:
+def test_perturbed_answers_grade_wrong(benchmark_data: Path, pool: GradingPool) -> None:
     items = []
     for name in ("math500", "aime24", "aime25", "gsm8k"):
-        problems = load_problems(name, data_root=shared_data)
+        problems = load_problems(name, data_root=benchmark_data)
         if name == "gsm8k":
             problems = problems[:300]
         for p in problems:
@@ -91,5 +92,5 @@ def test_perturbed_answers_grade_wrong(shared_data: Path, pool: GradingPool) -> 
             items.append((p, "I could not finish the computation."))  # answer missing
     results = pool.grade_batch(items)
     accepted = [(p.id, c[-60:]) for (p, c), r in zip(items, results, strict=True) if r.reward != 0]
-    assert len(items) > 2000
+    assert len(items) > (300 if benchmark_data == FIXTURE_DATA else 2000)
     assert len(accepted) <= 0.01 * len(items), accepted[:20]

@@ -112,10 +112,10 @@ def test_grade_humaneval_forgery_scores_zero(
 
 
 def test_grade_real_humaneval_forgery_scores_zero(
-    shared_data: Path, tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
+    benchmark_data: Path, tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The same on the real HumanEval file: its first two problems, canonical vs forged."""
-    data = shared_data / "humaneval" / "test.jsonl"
+    data = benchmark_data / "humaneval" / "test.jsonl"
     problems = [json.loads(line) for line in data.open()][:2]
     paths = [str(data), str(data.resolve())]
     rows = [{"id": p["id"], "completion": p["canonical_solution"]} for p in problems]
@@ -126,7 +126,7 @@ def test_grade_real_humaneval_forgery_scores_zero(
         namespace: dict = {}
         exec(problem["prompt"] + _forgery(paths, problem) + problem["test"], namespace)
         namespace["check"](namespace[problem["entry_point"]])
-    args = ["grade", "--data", "humaneval", "--data-root", str(shared_data), "--workers", "1"]
+    args = ["grade", "--data", "humaneval", "--data-root", str(benchmark_data), "--workers", "1"]
     assert main([*args, "--predictions", str(preds)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "accuracy=0.5000"
 

@@ -25,6 +25,7 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.eval.evaluate import EvalReport
+from relayrl.eval.sets import eval_problems
 from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.tasks.base import Problem, SyntheticTask
 from relayrl.train.distributed import TrainerGroup, make_trainer
@@ -105,7 +106,7 @@ class RunSetup:
         torch.manual_seed(config.seed)
         model = load_model(model_dir, config.model.device, config.model.dtype)
         trainer = make_trainer(model, config, tokenizer.pad_token_id, model_dir, run_dir)
-        test = task.problems("test", config.eval.num_problems, config.task.seed)
+        test = eval_problems(config, task)  # eval.datasets, else the task's test split
         decode = _decoder(tokenizer)
         logger = RunLogger.from_config(run_dir, config, decode, append=append)
         training = TrainingLoop(
