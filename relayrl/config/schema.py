@@ -256,7 +256,7 @@ class AlgoConfig(Section):
     advantage: str = Field(
         "grpo",
         description="advantage estimator, a name registered in relayrl.algo.advantages."
-        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline, or your own "
+        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline | reinforce_pp, or your own "
         "(docs/extending.md)",
     )
     loss: str = Field(
@@ -264,8 +264,16 @@ class AlgoConfig(Section):
         description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
         "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
         "with u = π_θ/π_prox, w = π_prox/μ; recompute = AReaL's non-decoupled baseline "
-        "min(u·A, clip(u)·A) (π_prox replaces μ, no w); or your own (docs/extending.md)",
+        "min(u·A, clip(u)·A) (π_prox replaces μ, no w); gspo = decoupled with GSPO's sequence "
+        "ratio exp(mean log π_θ/π_prox) (clip range gspo_eps_*); cispo = MiniMax-M1's "
+        "−sg(min(π_θ/μ, cispo_cap))·A·log π_θ; or your own (docs/extending.md)",
     )
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="discount of the per-token returns (advantage=reinforce_pp)"
+    )
+    gspo_eps_low: float = Field(3e-4, ge=0, lt=1, description="lower clip range of gspo")
+    gspo_eps_high: float = Field(4e-4, ge=0, description="upper clip range of gspo")
+    cispo_cap: float = Field(5.0, gt=0, description="upper bound of the cispo importance weight")
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
@@ -278,7 +286,10 @@ class AlgoConfig(Section):
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = Field(
-        "token_mean", description="global normaliser of the step (seq_sum: Dr.GRPO)"
+        "token_mean",
+        description="how token losses are averaged over the step: token_mean (all tokens "
+        "alike), seq_sum (Dr.GRPO: token sum / max_new_tokens, mean over sequences) or "
+        "seq_mean_token_mean (each sequence's token mean, mean over sequences: TRL's grpo)",
     )
     overlong_buffer: int = Field(
         0, ge=0, description="DAPO soft overlong penalty ramp length in tokens (0 = off)"
@@ -619,6 +630,11 @@ class RunConfig(Section):
             raise ValueError(
                 "replay.weighting='balance' keeps unsharded weight snapshots and is not "
                 f"supported with train.world_size={train.world_size} (use 'ess' or 'uniform')"
+            )
+        if replay.enable and algo is not None and algo.aggregation == "seq_mean_token_mean":
+            raise ValueError(
+                "replay.enable=true weights tokens per behaviour version; it does not combine "
+                "with algo.aggregation='seq_mean_token_mean'"
             )
         if replay.enable and replay.pmis and replay.weighting == "ess" and algo is not None:
             if algo.aggregation != "token_mean":

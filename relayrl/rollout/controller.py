@@ -38,7 +38,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
+from relayrl.algo.advantages import (
+    advantage_estimator,
+    compute_advantages,
+    compute_token_advantages,
+    dynamic_sampling_keep,
+    overlong_penalty,
+)
 from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
@@ -74,10 +80,21 @@ def admission_capacity(published_version: int, eta: int, prompts_per_step: int) 
     return (published_version + eta + 1) * prompts_per_step
 
 
-def assign_advantages(groups: Sequence[Sequence[Trajectory]], method: str) -> None:
+def assign_advantages(
+    groups: Sequence[Sequence[Trajectory]], method: str, gamma: float = 1.0
+) -> None:
     """Set every sample's ``advantage`` from the groups' rewards: the one place advantages
-    are computed (``relayrl.algo.advantages``), over the whole training batch."""
+    are computed (``relayrl.algo.advantages``), over the whole training batch. A per-token
+    estimator sets ``token_advantages`` too (``advantage``: their mean over model tokens)."""
     rewards = [[t.reward for t in g] for g in groups]
+    if advantage_estimator(method).per_token:
+        masks = [[t.model_mask for t in g] for g in groups]
+        per_token = compute_token_advantages(rewards, masks, method, gamma=gamma)
+        for group, advantages in zip(groups, per_token, strict=True):
+            for traj, adv in zip(group, advantages, strict=True):
+                traj.token_advantages = adv
+                traj.advantage = sum(adv) / max(traj.num_model_tokens, 1)
+        return
     for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
         for traj, adv in zip(group, advantages, strict=True):
             traj.advantage = adv
@@ -106,6 +123,7 @@ class ControllerOptions:
     concurrency: int = 0
     max_context: int | None = None
     advantage: str = "grpo"
+    gamma: float = 1.0
     dynamic_sampling: bool = False
     max_filtered_per_step: int | None = None  # None: dynamic sampling waits for as long as it takes
     overlong_buffer: int = 0
@@ -134,6 +152,7 @@ class ControllerOptions:
             concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
             max_context=config.model.max_context,
             advantage=a.advantage,
+            gamma=a.gamma,
             dynamic_sampling=a.dynamic_sampling,
             max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
             overlong_buffer=a.overlong_buffer,
@@ -441,7 +460,7 @@ class RolloutController:
     def _take_batch(self) -> list[Group]:
         """Hand out the B complete groups at the head, advantages computed over them."""
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
-        assign_advantages([g.trajectories for g in batch], self.opt.advantage)
+        assign_advantages([g.trajectories for g in batch], self.opt.advantage, self.opt.gamma)
         self.consumed_version += 1
         self._filtered_this_step = 0
         self._notify()
