@@ -2,7 +2,8 @@
 
 Owns: the advantage-estimator seam (:class:`AdvantageEstimator`, :data:`ADVANTAGES`,
 :func:`register_advantage`; built in: GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline and
-REINFORCE++), ``compute_advantages``, ``compute_token_advantages``, the DAPO soft overlong
+REINFORCE++), ``compute_advantages``, ``compute_token_advantages``, on-policy
+distillation's per-token advantage (``distill_token_advantages``), the DAPO soft overlong
 penalty and the DAPO dynamic-sampling test. Everything here works on plain Python floats: a
 group is the list of rewards of the completions of one prompt, and an advantage is one
 number per completion (the trainer broadcasts it over the completion's tokens) or, for a
@@ -251,6 +252,33 @@ def compute_token_advantages(
     if [[len(a) for a in g] for g in out] != shape:
         raise ValueError(f"advantage estimator {method!r} returned the wrong shape")
     return out
+
+
+def distill_token_advantages(
+    advantages: Sequence[float],
+    student_logprobs: Sequence[float],
+    teacher_logprobs: Sequence[float],
+    mask: Sequence[bool],
+    coef: float,
+    task_weight: float = 1.0,
+) -> list[float]:
+    """On-policy distillation (reverse KL): per trained token
+    ``task_weight · A_t + coef · (log π_teacher(y_t) − log π_student(y_t))``, 0 elsewhere.
+
+    ``student_logprobs`` are the sampler's (the behaviour logprobs μ of the sampled tokens),
+    so ``−(log μ − log π_teacher)`` is a one-sample estimate of the per-token reverse KL
+    KL(μ ‖ π_teacher) at that prefix; ``advantages`` the task advantage of every token."""
+    n = len(mask)
+    if not len(advantages) == len(student_logprobs) == len(teacher_logprobs) == n:
+        raise ValueError(
+            f"distillation needs one value per token: {len(advantages)} advantages, "
+            f"{len(student_logprobs)} student and {len(teacher_logprobs)} teacher logprobs, "
+            f"{n} tokens"
+        )
+    return [
+        task_weight * a + coef * (t - s) if on else 0.0
+        for a, s, t, on in zip(advantages, student_logprobs, teacher_logprobs, mask, strict=True)
+    ]
 
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty: float = 1.0) -> float:

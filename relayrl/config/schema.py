@@ -6,6 +6,7 @@ Sections are added as the system grows; ``docs/config.md`` is generated from the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -570,6 +571,42 @@ class RayConfig(Section):
     )
 
 
+class DistillConfig(Section):
+    """On-policy distillation (docs/darl.md): the student samples, a teacher server scores
+    the student's tokens, and each trained token's advantage becomes
+    ``task_weight · A + coef · (log π_teacher − log π_student)``."""
+
+    teacher: str | None = Field(
+        None,
+        description="the teacher: a model directory (started as one more built-in rollout "
+        "server for the run) or the http(s):// URL of a running relayrl or SGLang server; "
+        "null = off",
+    )
+    coef: float = Field(1.0, ge=0, description="weight of the per-token reverse-KL reward")
+    task_weight: float = Field(
+        1.0, ge=0, description="weight of the task advantage (0: distillation only)"
+    )
+    mode: Literal["reverse_kl"] = Field(
+        "reverse_kl",
+        description="per-token reward −(log π_student − log π_teacher) of the sampled tokens",
+    )
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher(cls, teacher: str | None) -> str | None:
+        if teacher is None or teacher.startswith(("http://", "https://")):
+            return teacher.rstrip("/") if teacher else teacher
+        if not Path(teacher).is_dir():
+            raise ValueError(
+                f"distill.teacher: {teacher!r} is neither an http(s):// URL nor a model directory"
+            )
+        return teacher
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None
+
+
 class RunConfig(Section):
     """One run."""
 
@@ -593,6 +630,7 @@ class RunConfig(Section):
         "docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @field_validator("launcher")
     @classmethod

@@ -23,6 +23,10 @@ out (``algo.max_filtered_per_step`` × B); past that, an all-equal group is kept
 slot of the batch (``accepted_uniform_groups``), so a nearly solved task costs the trainer a
 few wasted slots instead of a wait for the rare group that still carries an advantage.
 
+On-policy distillation (``distill.teacher``): a completed group's tokens are scored by the
+teacher server before the group is kept (``relayrl.rollout.distill``, one request per group),
+and its samples' advantages get the per-token reverse-KL reward when the batch is handed out.
+
 Imports: the engine's plain types and client error, the algo helpers, the Trajectory record,
 relayrl.rollout (workflow, prompts). Generation, decoding and grading are injected callables,
 so tests can drive the controller with fakes and the trainer with the real servers.
@@ -48,6 +52,7 @@ from relayrl.algo.advantages import (
 from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
+from relayrl.rollout.distill import TeacherScorer, apply_distillation
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import (
@@ -124,6 +129,9 @@ class ControllerOptions:
     max_context: int | None = None
     advantage: str = "grpo"
     gamma: float = 1.0
+    distill: bool = False  # on-policy distillation: the controller is given a teacher
+    distill_coef: float = 1.0
+    distill_task_weight: float = 1.0
     dynamic_sampling: bool = False
     max_filtered_per_step: int | None = None  # None: dynamic sampling waits for as long as it takes
     overlong_buffer: int = 0
@@ -153,6 +161,9 @@ class ControllerOptions:
             max_context=config.model.max_context,
             advantage=a.advantage,
             gamma=a.gamma,
+            distill=config.distill.enabled,
+            distill_coef=config.distill.coef,
+            distill_task_weight=config.distill.task_weight,
             dynamic_sampling=a.dynamic_sampling,
             max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
             overlong_buffer=a.overlong_buffer,
@@ -202,9 +213,13 @@ class RolloutController:
         workflow: RolloutWorkflow | None = None,
         generate: GenerateFn | None = None,
         encode_text: Callable[[str], list[int]] | None = None,
+        teacher: TeacherScorer | None = None,
     ) -> None:
+        if options.distill and teacher is None:
+            raise RelayError("on-policy distillation needs a teacher (distill.teacher)")
         self.loader = loader
         self.opt = options
+        self._teacher = teacher if options.distill else None
         self.workflow = workflow if workflow is not None else EpisodeWorkflow()
         extra: dict[str, Any] = {"generate": generate}
         if encode_text is not None:
@@ -390,6 +405,8 @@ class RolloutController:
                 )
         for sample in samples:
             self._count(sample)
+        if self._teacher is not None:  # the teacher's logprobs of the student's tokens
+            await self._teacher(group.prompt_ids, [s.trajectory for s in samples], group.key)
         return [(sample.trajectory, sample.text) for sample in samples]
 
     def _count(self, sample: Sample) -> None:
@@ -461,6 +478,12 @@ class RolloutController:
         """Hand out the B complete groups at the head, advantages computed over them."""
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
         assign_advantages([g.trajectories for g in batch], self.opt.advantage, self.opt.gamma)
+        if self._teacher is not None:
+            apply_distillation(
+                [g.trajectories for g in batch],
+                self.opt.distill_coef,
+                self.opt.distill_task_weight,
+            )
         self.consumed_version += 1
         self._filtered_this_step = 0
         self._notify()

@@ -56,9 +56,11 @@ from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend, make_backend
 from relayrl.launch.publish import Snapshot, make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.metric_names import EVAL_PASS_AT_1, PUBLISH_LATENCY_S, SERVERS
 from relayrl.rewards.pool import Grader
 from relayrl.rollout.controller import ControllerOptions, RolloutController
+from relayrl.rollout.distill import TeacherScorer
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import WORKFLOWS, GenerateFn, GenerateGroupFn
@@ -111,6 +113,15 @@ class TrainResult:
     seconds: float = 0.0
     summary: dict[str, Any] = field(default_factory=dict)
     eval_reports: list[EvalReport] = field(default_factory=list)  # in the order of evals
+
+
+def teacher_scorer(config: RunConfig) -> TeacherScorer | None:
+    """The rollout side's client of the distillation teacher (None when off); by now
+    ``distill.teacher`` is a URL (a model directory was started by ``run_train``)."""
+    url = config.distill.teacher
+    if url is None:
+        return None
+    return TeacherScorer(url, config.rollout.temperature, config.rollout.startup_timeout_s * 5)
 
 
 def publish_interval(publish_every: int, eta: int) -> int:
@@ -247,6 +258,7 @@ class _Job:
             workflow=WORKFLOWS.lookup(self.config.rollout.workflow)(),
             generate=generate,
             encode_text=self.encode_text,
+            teacher=teacher_scorer(self.config),
         )
 
     async def _publish(self, controller: RolloutController, wait: bool = False) -> float:
@@ -530,6 +542,7 @@ def run_train(
     check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)
     launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
+    teacher = teacher_launcher(config, run_dir)  # on-policy distillation's teacher server
     pool = GradingPool(
         config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
     )
@@ -537,6 +550,8 @@ def run_train(
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(config.train.switch_interval_ms / 1000)
     try:
+        if teacher is not None:
+            config = with_teacher_url(config, teacher.start()[0])
         if launcher is None:
             from relayrl.train.lag import LaggedJob
 
@@ -550,6 +565,8 @@ def run_train(
         sys.setswitchinterval(switch_interval)
         if launcher is not None:
             launcher.stop()
+        if teacher is not None:
+            teacher.stop()
         pool.close()
         if job is not None:
             job.close()
