@@ -45,7 +45,7 @@ from relayrl.registry import Registry
 ISLevel = Literal["none", "token", "sequence", "geometric"]
 ISMode = Literal["truncate", "mask"]
 KLEstimator = Literal["k1", "k2", "k3"]
-Aggregation = Literal["token_mean", "seq_sum"]
+Aggregation = Literal["token_mean", "seq_sum", "seq_mean_token_mean"]
 
 
 def _check_choice(name: str, value: str, literal: object) -> None:
@@ -73,7 +73,12 @@ class LossConfig:
       ``[is_floor, is_cap]``; ``is_floor=None`` means ``1/is_cap``).
     - ``kl_coef`` / ``kl_estimator``: KL penalty to a reference policy (off when 0).
     - ``aggregation``: how ``loss_normalizer`` picks the step's normaliser: ``"token_mean"``
-      (total completion tokens in the step) or ``"seq_sum"`` (Dr.GRPO: sequences × max_len).
+      (total completion tokens in the step), ``"seq_sum"`` (Dr.GRPO: sequences × max_len)
+      or ``"seq_mean_token_mean"`` (each sequence's token mean, averaged over the step's
+      sequences: TRL's ``loss_type="grpo"``, verl's ``seq-mean-token-mean``).
+    - ``gspo_eps_low`` / ``gspo_eps_high``: the clip range of the ``"gspo"`` sequence ratio
+      (the GSPO paper's 3e-4 / 4e-4: a length-normalised ratio moves far less than a token's).
+    - ``cispo_cap``: the upper bound of the ``"cispo"`` importance weight (no lower bound).
     """
 
     loss: str = "decoupled"
@@ -87,6 +92,9 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = "token_mean"
+    gspo_eps_low: float = 3e-4
+    gspo_eps_high: float = 4e-4
+    cispo_cap: float = 5.0
     # the registered objective ``loss`` names, resolved once here (not per micro-batch)
     objective: PolicyLoss = field(init=False, repr=False, compare=False)
 
@@ -107,6 +115,10 @@ class LossConfig:
             )
         if self.is_cap <= 0.0:
             raise ValueError("is_cap must be > 0")
+        if not (0.0 <= self.gspo_eps_low < 1.0 and self.gspo_eps_high >= 0.0):
+            raise ValueError("need 0 <= gspo_eps_low < 1 and gspo_eps_high >= 0")
+        if self.cispo_cap <= 0.0:
+            raise ValueError("cispo_cap must be > 0")
         if self.kl_coef < 0.0:
             raise ValueError("kl_coef must be >= 0")
 
@@ -136,9 +148,14 @@ def loss_normalizer(
     ``token_mean``: the number of completion tokens in the whole step. ``seq_sum``
     (Dr.GRPO): ``num_seqs · max_len`` with ``max_len`` the generation budget, i.e. each
     sequence's token sum divided by a constant, averaged over the step's sequences.
+    ``seq_mean_token_mean``: ``num_seqs``; ``policy_loss`` divides each token's loss by its
+    own sequence's token count, so the step's loss is the mean over sequences of each
+    sequence's token mean.
     """
     if aggregation == "token_mean":
         return float(max(num_tokens, 1))
+    if aggregation == "seq_mean_token_mean":
+        return float(max(num_seqs, 1))
     if aggregation == "seq_sum":
         if max_len is None or max_len <= 0:
             raise ValueError("seq_sum aggregation needs max_len > 0")
@@ -270,9 +287,13 @@ def _behaviour_weights(
     return torch.where(keep, raw, torch.zeros_like(raw)), raw, keep
 
 
-def _clipped_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> tuple[Tensor, Tensor, Tensor]:
-    """−min(r·A, clip(r)·A), dual-clipped for A < 0; with 'clip' and 'dual' indicators."""
-    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+def _clipped_loss(
+    ratio: Tensor, adv: Tensor, cfg: LossConfig, eps: tuple[float, float] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """−min(r·A, clip(r)·A), dual-clipped for A < 0; with 'clip' and 'dual' indicators.
+    ``eps`` = (low, high) overrides ``cfg.eps_low`` / ``cfg.eps_high``."""
+    low, high = eps if eps is not None else (cfg.eps_low, cfg.eps_high)
+    clipped = ratio.clamp(1.0 - low, 1.0 + high)
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     loss = torch.maximum(unclipped_loss, clipped_loss)
@@ -332,11 +353,13 @@ class PolicyLoss:
 
     ``needs_prox``: the trainer runs the no-grad proximal pass and passes ``prox``.
     ``uses_behaviour_weight``: the objective weights tokens by ``π_prox/μ`` and so accepts
-    the rollout importance corrections (``algo.is_level``)."""
+    the rollout importance corrections (``algo.is_level``). ``needs_seq``: ``seq`` (the
+    sequence index per token) is always passed."""
 
     name: ClassVar[str]
     needs_prox: ClassVar[bool] = False
     uses_behaviour_weight: ClassVar[bool] = False
+    needs_seq: ClassVar[bool] = False
 
     def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
         raise NotImplementedError
@@ -365,22 +388,25 @@ class DecoupledLoss(PolicyLoss):
 
     def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
         assert inputs.prox is not None
-        m, n_tok = inputs.mask, inputs.num_tokens
         ratio = torch.exp(inputs.logprobs - inputs.prox)
-        log_w = (
-            inputs.log_is_weight if inputs.log_is_weight is not None else inputs.prox - inputs.behav
-        )
-        weight, raw, keep = _behaviour_weights(log_w, m, cfg, inputs.seq)
-        stats = {
-            IS_WEIGHT_MEAN: _masked_mean(raw, m, n_tok),
-            "is_weight_max": _masked_max(raw, m),
-        }
-        if cfg.is_level != "none" and cfg.is_mode == "truncate":
-            stats["is_truncated_frac"] = _masked_mean((raw > cfg.is_cap).to(m.dtype), m, n_tok)
-        if cfg.is_level != "none" and cfg.is_mode == "mask":
-            stats["is_masked_frac"] = _masked_mean((~keep).to(m.dtype), m, n_tok)
+        weight, stats = _weight_and_stats(inputs, cfg)
         pg, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg)
         return TokenLoss(weight * pg, ratio, clip_hit, dual_hit, anchor=inputs.prox, stats=stats)
+
+
+def _weight_and_stats(inputs: TokenInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, float]]:
+    """The behaviour weight ``w`` (``sg(π_prox/μ)`` at ``cfg.is_level``, truncated or masked;
+    ``log_is_weight`` replaces ``log(π_prox/μ)`` when given) and its statistics."""
+    assert inputs.prox is not None
+    m, n_tok = inputs.mask, inputs.num_tokens
+    log_w = inputs.log_is_weight if inputs.log_is_weight is not None else inputs.prox - inputs.behav
+    weight, raw, keep = _behaviour_weights(log_w, m, cfg, inputs.seq)
+    stats = {IS_WEIGHT_MEAN: _masked_mean(raw, m, n_tok), "is_weight_max": _masked_max(raw, m)}
+    if cfg.is_level != "none" and cfg.is_mode == "truncate":
+        stats["is_truncated_frac"] = _masked_mean((raw > cfg.is_cap).to(m.dtype), m, n_tok)
+    if cfg.is_level != "none" and cfg.is_mode == "mask":
+        stats["is_masked_frac"] = _masked_mean((~keep).to(m.dtype), m, n_tok)
+    return weight, stats
 
 
 class RecomputeLoss(PolicyLoss):
@@ -400,6 +426,51 @@ class RecomputeLoss(PolicyLoss):
         return TokenLoss(loss, ratio, clip_hit, dual_hit, anchor=inputs.prox)
 
 
+class GSPOLoss(PolicyLoss):
+    """GSPO (Qwen3's recipe) in its GSPO-token form, decoupled like ``"decoupled"``:
+    ``ℓ_t = −w_t · min(s_t·A_t, clip(s_t)·A_t)`` with the clip range ``gspo_eps_*`` and
+
+        s_t = sg(s_i) · π_θ(y_t) / sg(π_θ(y_t)),   s_i = exp(mean_{t∈i} log(π_θ/π_prox)),
+
+    so every token of sequence i carries the value ``s_i`` (one clip decision per sequence)
+    and the gradient ``s_i·∇log π_θ(y_t)``: per-token advantages still work. The sequence
+    ratio is taken to π_prox (the trust region moves with the step, as in decoupled PPO);
+    the staleness of μ is the behaviour weight ``w = sg(π_prox/μ)`` at ``cfg.is_level``
+    (``"geometric"`` makes ``w_i·s_i = exp(mean log(π_θ/μ))``, GSPO's ratio to μ)."""
+
+    name = "gspo"
+    needs_prox = True
+    uses_behaviour_weight = True
+    needs_seq = True
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        assert inputs.prox is not None and inputs.seq is not None
+        m, seq, logp = inputs.mask, inputs.seq, inputs.logprobs
+        count = per_sequence_sum(m, seq).clamp(min=1.0)
+        log_s = per_sequence_sum((logp.detach() - inputs.prox) * m, seq) / count
+        ratio = torch.exp(log_s[seq] + logp - logp.detach())
+        weight, stats = _weight_and_stats(inputs, cfg)
+        eps = (cfg.gspo_eps_low, cfg.gspo_eps_high)
+        pg, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg, eps)
+        return TokenLoss(weight * pg, ratio, clip_hit, dual_hit, anchor=inputs.prox, stats=stats)
+
+
+class CISPOLoss(PolicyLoss):
+    """CISPO (MiniMax-M1): ``ℓ_t = −sg(min(r_t, C)) · A_t · log π_θ(y_t)``, ``r = π_θ/μ``,
+    ``C = cispo_cap``. The importance weight is clipped, never the gradient: every token
+    keeps ``−min(r, C)·A·∇log π_θ``. Its weight is already the (truncated) importance
+    weight from μ, so it takes no separate behaviour weight (``is_level`` must be none)."""
+
+    name = "cispo"
+
+    def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        logp = inputs.logprobs
+        ratio = torch.exp(logp.detach() - inputs.behav)
+        loss = -ratio.clamp(max=cfg.cispo_cap) * inputs.advantages * logp
+        clip_hit = ratio > cfg.cispo_cap
+        return TokenLoss(loss, ratio, clip_hit, torch.zeros_like(clip_hit), anchor=logp.detach())
+
+
 LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss)
 
 
@@ -416,6 +487,18 @@ def loss_class(name: str) -> type[PolicyLoss]:
 register_loss(PPOLoss)
 register_loss(DecoupledLoss)
 register_loss(RecomputeLoss)
+register_loss(GSPOLoss)
+register_loss(CISPOLoss)
+
+
+def _needs_sequence_index(cfg: LossConfig) -> bool:
+    """Whether ``policy_loss`` needs each token's sequence (sequence-level weights, the
+    per-sequence aggregation, or an objective that asks)."""
+    return (
+        cfg.is_level in ("sequence", "geometric")
+        or cfg.aggregation == "seq_mean_token_mean"
+        or loss_class(cfg.loss).needs_seq
+    )
 
 
 def policy_loss(
@@ -442,12 +525,18 @@ def policy_loss(
       ``w = sg(π_prox/μ)`` formed at ``cfg.is_level`` and truncated or masked by
       ``cfg.is_mode``. ``log_is_weight`` (per token, detached) replaces ``log(π_prox/μ)``,
       e.g. with the balance-heuristic weight of ``relayrl.algo.darl``.
+    - ``gspo``: ``ℓ = −w · min(s·A, clip_gspo(s)·A)`` with the GSPO-token ratio ``s``
+      (value ``exp(mean_{seq} log(π_θ/π_prox))``, gradient ``s·∇log π_θ``), see
+      :class:`GSPOLoss`.
+    - ``cispo``: ``ℓ = −sg(min(π_θ/μ, cispo_cap)) · A · log π_θ``.
     - dual clip: for ``A < 0`` the clipped term ``−min(·)`` is capped at ``−c·A``.
     - KL: ``+ kl_coef · k(π_θ, π_ref)`` when ``kl_coef > 0`` (needs ``ref_logprobs``).
 
     ``advantages`` is per token (broadcast each sequence's advantage over its tokens).
     ``token_coef`` (detached, default 1) multiplies each token's loss: the D-ARL
-    multi-behaviour coefficient ``α_k/N_k`` (then ``normalizer=1``).
+    multi-behaviour coefficient ``α_k/N_k`` (then ``normalizer=1``). With
+    ``aggregation="seq_mean_token_mean"`` each token's loss is also divided by its
+    sequence's token count (sequences are never split across calls).
     ``entropy`` is optional, for stats only: token entropies of ``mask``'s shape, or logits
     with an extra vocabulary dimension.
 
@@ -489,11 +578,7 @@ def policy_loss(
         num_tokens=n_tok,
         prox=flat(prox_logprobs).detach() if prox_logprobs is not None else None,
         log_is_weight=flat(log_is_weight).detach() if log_is_weight is not None else None,
-        seq=(
-            sequence_index(shape, seq_ids, m.device)
-            if cfg.is_level in ("sequence", "geometric")
-            else None
-        ),
+        seq=sequence_index(shape, seq_ids, m.device) if _needs_sequence_index(cfg) else None,
     )
     token = cfg.objective.token_loss(inputs, cfg)
     stats.update(token.stats)
@@ -505,6 +590,9 @@ def policy_loss(
         stats["kl_ref"] = _masked_mean(kl.detach(), m, n_tok)
     if token_coef is not None:
         per_token = per_token * flat(token_coef).detach()
+    if cfg.aggregation == "seq_mean_token_mean":  # each sequence's token mean
+        assert inputs.seq is not None
+        per_token = per_token / per_sequence_sum(m, inputs.seq).clamp(min=1.0)[inputs.seq]
     per_token = torch.where(on, per_token, torch.zeros_like(per_token))
     loss_sum = per_token.sum()
 

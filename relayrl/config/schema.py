@@ -6,6 +6,7 @@ Sections are added as the system grows; ``docs/config.md`` is generated from the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -324,7 +325,7 @@ class AlgoConfig(Section):
     advantage: str = Field(
         "grpo",
         description="advantage estimator, a name registered in relayrl.algo.advantages."
-        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline, or your own "
+        "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline | reinforce_pp, or your own "
         "(docs/extending.md)",
     )
     loss: str = Field(
@@ -332,8 +333,16 @@ class AlgoConfig(Section):
         description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
         "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
         "with u = π_θ/π_prox, w = π_prox/μ; recompute = AReaL's non-decoupled baseline "
-        "min(u·A, clip(u)·A) (π_prox replaces μ, no w); or your own (docs/extending.md)",
+        "min(u·A, clip(u)·A) (π_prox replaces μ, no w); gspo = decoupled with GSPO's sequence "
+        "ratio exp(mean log π_θ/π_prox) (clip range gspo_eps_*); cispo = MiniMax-M1's "
+        "−sg(min(π_θ/μ, cispo_cap))·A·log π_θ; or your own (docs/extending.md)",
     )
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="discount of the per-token returns (advantage=reinforce_pp)"
+    )
+    gspo_eps_low: float = Field(3e-4, ge=0, lt=1, description="lower clip range of gspo")
+    gspo_eps_high: float = Field(4e-4, ge=0, description="upper clip range of gspo")
+    cispo_cap: float = Field(5.0, gt=0, description="upper bound of the cispo importance weight")
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
@@ -346,7 +355,10 @@ class AlgoConfig(Section):
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = Field(
-        "token_mean", description="global normaliser of the step (seq_sum: Dr.GRPO)"
+        "token_mean",
+        description="how token losses are averaged over the step: token_mean (all tokens "
+        "alike), seq_sum (Dr.GRPO: token sum / max_new_tokens, mean over sequences) or "
+        "seq_mean_token_mean (each sequence's token mean, mean over sequences: TRL's grpo)",
     )
     overlong_buffer: int = Field(
         0, ge=0, description="DAPO soft overlong penalty ramp length in tokens (0 = off)"
@@ -674,6 +686,48 @@ class SandboxConfig(Section):
     )
 
 
+class DistillConfig(Section):
+    """On-policy distillation (docs/darl.md): the student samples, a teacher server scores
+    the student's tokens, and each trained token's advantage becomes
+    ``task_weight · A + coef · (log π_teacher − log π_student)``."""
+
+    teacher: str | None = Field(
+        None,
+        description="the teacher: a model directory (started as one more built-in rollout "
+        "server for the run) or the http(s):// URL of a running relayrl or SGLang server; "
+        "null = off",
+    )
+    coef: float = Field(1.0, ge=0, description="weight of the per-token reverse-KL reward")
+    task_weight: float = Field(
+        1.0, ge=0, description="weight of the task advantage (0: distillation only)"
+    )
+    mode: Literal["reverse_kl"] = Field(
+        "reverse_kl",
+        description="per-token reward −(log π_student − log π_teacher) of the sampled tokens",
+    )
+    api_key: str | None = Field(
+        None,
+        exclude=True,  # never written to the run directory's config.yaml
+        description="bearer key of a teacher URL someone else started (else $RELAYRL_API_KEY); "
+        "a teacher the run launches gets a fresh key (docs/security.md)",
+    )
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher(cls, teacher: str | None) -> str | None:
+        if teacher is None or teacher.startswith(("http://", "https://")):
+            return teacher.rstrip("/") if teacher else teacher
+        if not Path(teacher).is_dir():
+            raise ValueError(
+                f"distill.teacher: {teacher!r} is neither an http(s):// URL nor a model directory"
+            )
+        return teacher
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None
+
+
 class RunConfig(Section):
     """One run."""
 
@@ -715,6 +769,8 @@ class RunConfig(Section):
             data = {**data, "plugins": load_plugins(data["plugins"])}
         return data
 
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+
     @field_validator("launcher")
     @classmethod
     def _lag_needs_no_launcher(cls, launcher: str, info: ValidationInfo) -> str:
@@ -751,6 +807,11 @@ class RunConfig(Section):
             raise ValueError(
                 "replay.weighting='balance' keeps unsharded weight snapshots and is not "
                 f"supported with train.world_size={train.world_size} (use 'ess' or 'uniform')"
+            )
+        if replay.enable and algo is not None and algo.aggregation == "seq_mean_token_mean":
+            raise ValueError(
+                "replay.enable=true weights tokens per behaviour version; it does not combine "
+                "with algo.aggregation='seq_mean_token_mean'"
             )
         if replay.enable and replay.pmis and replay.weighting == "ess" and algo is not None:
             if algo.aggregation != "token_mean":

@@ -433,6 +433,35 @@ class RolloutClient:
             )
         )
 
+    async def input_logprobs(
+        self,
+        prompt_ids: list[int],
+        completions: list[list[int]],
+        temperature: float = 1.0,
+        key: str | None = None,
+    ) -> list[list[float]]:
+        """Each completion's per-token logprobs given the prompt and its earlier tokens, as
+        the server's model scores them (a teacher): one batched ``/generate`` call for the
+        whole group with SGLang's ``logprob_start_len = len(prompt)`` and
+        ``max_new_tokens = 0``; ``len(completion)`` values each."""
+        url = self.server_for(key)
+        body = {
+            "input_ids": [list(prompt_ids) + list(c) for c in completions],
+            "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt_ids),
+        }
+        answers = await self._request("POST", url, self.GENERATE_PATH, body)
+        out = []
+        for completion, answer in zip(completions, answers, strict=True):
+            logprobs = [float(x[0]) for x in answer["meta_info"]["input_token_logprobs"]]
+            if len(logprobs) != len(completion):
+                raise RolloutServerError(
+                    url, f"{len(logprobs)} input logprobs for a completion of {len(completion)}"
+                )
+            out.append(logprobs)
+        return out
+
     async def generate(
         self,
         input_ids: list[int],

@@ -204,6 +204,30 @@ class Engine:
         futures = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         return [f.result() for f in futures]
 
+    def score(self, input_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """The logprob of every input token after the first given the ones before it,
+        ``log_softmax(logits / T)`` of one plain forward pass (no KV slot, no sampling): what
+        a teacher server returns for given tokens (SGLang's input-token logprobs). Runs on
+        the loop thread between two steps; ``len(input_ids) − 1`` values."""
+        ids = [int(t) for t in input_ids]
+        if len(ids) < 2:
+            raise ValueError("input_ids needs at least 2 tokens to score")
+        if len(ids) > self.max_seq_len:
+            raise ValueError(f"len(input_ids) = {len(ids)} exceeds max_seq_len {self.max_seq_len}")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(
+                f"input_ids contains ids outside the vocabulary [0, {self.vocab_size})"
+            )
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+        return self._call(self._score, ids, temperature)
+
+    def _score(self, ids: list[int], temperature: float) -> list[float]:
+        x = torch.tensor([ids], dtype=torch.long, device=self.runner.device)
+        logits = self.runner.model(input_ids=x, use_cache=False).logits[0, :-1].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        return logp.gather(-1, x[0, 1:, None])[:, 0].tolist()
+
     def abort(self, rid: str) -> bool:
         """Abort one request (queued or running); True if it was still live."""
         return self._call(self._abort_one, rid)

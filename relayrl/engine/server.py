@@ -80,6 +80,9 @@ class GenerateIn(_Strict):
         default_factory=SamplingParamsIn
     )
     return_logprob: bool = False
+    # SGLang's: ≥ 0 asks for the logprobs of the input tokens from this position on
+    # (scoring only here: with max_new_tokens = 0; relayrl.engine.server._score_inputs)
+    logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     stream: Literal[False] = False
@@ -238,6 +241,42 @@ def _checked_requests(engine: Engine, body: GenerateIn) -> list[tuple[list[int],
     return requests
 
 
+async def _score_inputs(engine: Engine, body: GenerateIn) -> JSONResponse:
+    """SGLang's input-token logprobs (``return_logprob``, ``logprob_start_len = k``,
+    ``max_new_tokens = 0``): ``meta_info.input_token_logprobs`` lists ``[logprob, id, None]``
+    for every input token from position k on, the logprob of token i given tokens < i under
+    ``log_softmax(logits / T)`` (``None`` for position 0); nothing is generated. How a
+    teacher server scores a student's tokens (on-policy distillation)."""
+    start = body.logprob_start_len
+    prompts = body.input_ids if body.batched else [body.input_ids]
+    params = body.sampling_params
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    if not body.return_logprob or any(p.max_new_tokens != 0 for p in params):
+        return _error(
+            400,
+            "logprob_start_len >= 0 scores the input only: it needs "
+            "return_logprob=true and sampling_params.max_new_tokens=0",
+        )
+    answers = []
+    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+        if not start < len(ids):
+            return _error(400, f"input_ids[{i}]: logprob_start_len {start} >= {len(ids)} tokens")
+        try:
+            logprobs = await engine.run_async(engine.score, ids, p.temperature)
+        except ValueError as exc:
+            return _error(400, f"input_ids[{i}]: {exc}")
+        scored = [None, *logprobs][start:]
+        meta = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 0,
+            "input_token_logprobs": [
+                [lp, t, None] for lp, t in zip(scored, ids[start:], strict=True)
+            ],
+        }
+        answers.append({"text": "", "output_ids": [], "meta_info": meta})
+    return JSONResponse(answers if body.batched else answers[0])
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -335,6 +374,8 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateIn, request: Request):
+        if body.logprob_start_len >= 0:
+            return await _score_inputs(engine, body)
         try:
             requests = _checked_requests(engine, body)
         except ValueError as exc:

@@ -23,6 +23,10 @@ out (``algo.max_filtered_per_step`` × B); past that, an all-equal group is kept
 slot of the batch (``accepted_uniform_groups``), so a nearly solved task costs the trainer a
 few wasted slots instead of a wait for the rare group that still carries an advantage.
 
+On-policy distillation (``distill.teacher``): a completed group's tokens are scored by the
+teacher server before the group is kept (``relayrl.rollout.distill``, one request per group),
+and its samples' advantages get the per-token reverse-KL reward when the batch is handed out.
+
 Imports: the engine's plain types and client error, the algo helpers, the Trajectory record,
 relayrl.rollout (workflow, prompts). Generation, decoding and grading are injected callables,
 so tests can drive the controller with fakes and the trainer with the real servers.
@@ -39,10 +43,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from relayrl.algo.advantages import compute_advantages, dynamic_sampling_keep, overlong_penalty
+from relayrl.algo.advantages import (
+    advantage_estimator,
+    compute_advantages,
+    compute_token_advantages,
+    dynamic_sampling_keep,
+    overlong_penalty,
+)
 from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
+from relayrl.rollout.distill import TeacherScorer, apply_distillation
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
 from relayrl.rollout.workflow import (
@@ -75,10 +86,21 @@ def admission_capacity(published_version: int, eta: int, prompts_per_step: int) 
     return (published_version + eta + 1) * prompts_per_step
 
 
-def assign_advantages(groups: Sequence[Sequence[Trajectory]], method: str) -> None:
+def assign_advantages(
+    groups: Sequence[Sequence[Trajectory]], method: str, gamma: float = 1.0
+) -> None:
     """Set every sample's ``advantage`` from the groups' rewards: the one place advantages
-    are computed (``relayrl.algo.advantages``), over the whole training batch."""
+    are computed (``relayrl.algo.advantages``), over the whole training batch. A per-token
+    estimator sets ``token_advantages`` too (``advantage``: their mean over model tokens)."""
     rewards = [[t.reward for t in g] for g in groups]
+    if advantage_estimator(method).per_token:
+        masks = [[t.model_mask for t in g] for g in groups]
+        per_token = compute_token_advantages(rewards, masks, method, gamma=gamma)
+        for group, advantages in zip(groups, per_token, strict=True):
+            for traj, adv in zip(group, advantages, strict=True):
+                traj.token_advantages = adv
+                traj.advantage = sum(adv) / max(traj.num_model_tokens, 1)
+        return
     for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
         for traj, adv in zip(group, advantages, strict=True):
             traj.advantage = adv
@@ -107,6 +129,10 @@ class ControllerOptions:
     concurrency: int = 0
     max_context: int | None = None
     advantage: str = "grpo"
+    gamma: float = 1.0
+    distill: bool = False  # on-policy distillation: the controller is given a teacher
+    distill_coef: float = 1.0
+    distill_task_weight: float = 1.0
     dynamic_sampling: bool = False
     max_filtered_per_step: int | None = None  # None: dynamic sampling waits for as long as it takes
     overlong_buffer: int = 0
@@ -173,9 +199,13 @@ class RolloutController:
         workflow: RolloutWorkflow | None = None,
         generate: GenerateFn | None = None,
         encode_text: Callable[[str], list[int]] | None = None,
+        teacher: TeacherScorer | None = None,
     ) -> None:
+        if options.distill and teacher is None:
+            raise RelayError("on-policy distillation needs a teacher (distill.teacher)")
         self.loader = loader
         self.opt = options
+        self._teacher = teacher if options.distill else None
         self.workflow = workflow if workflow is not None else EpisodeWorkflow()
         extra: dict[str, Any] = {"generate": generate}
         if encode_text is not None:
@@ -361,6 +391,8 @@ class RolloutController:
                 )
         for sample in samples:
             self._count(sample)
+        if self._teacher is not None:  # the teacher's logprobs of the student's tokens
+            await self._teacher(group.prompt_ids, [s.trajectory for s in samples], group.key)
         return [(sample.trajectory, sample.text) for sample in samples]
 
     def _count(self, sample: Sample) -> None:
@@ -431,7 +463,13 @@ class RolloutController:
     def _take_batch(self) -> list[Group]:
         """Hand out the B complete groups at the head, advantages computed over them."""
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
-        assign_advantages([g.trajectories for g in batch], self.opt.advantage)
+        assign_advantages([g.trajectories for g in batch], self.opt.advantage, self.opt.gamma)
+        if self._teacher is not None:
+            apply_distillation(
+                [g.trajectories for g in batch],
+                self.opt.distill_coef,
+                self.opt.distill_task_weight,
+            )
         self.consumed_version += 1
         self._filtered_this_step = 0
         self._notify()

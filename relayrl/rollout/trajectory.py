@@ -31,7 +31,11 @@ class Trajectory:
 
     ``advantage`` is set when the controller hands the batch out (over its
     complete groups), before any selection, so dropping samples later never changes a
-    group's statistics.
+    group's statistics. ``token_advantages`` (one per completion token) replaces it in the
+    loss when not empty: a per-token estimator (REINFORCE++) or on-policy distillation's
+    per-token reward; ``advantage`` then holds their mean over the model tokens.
+    ``teacher_logprobs`` (on-policy distillation) are the teacher's logprobs of the
+    completion tokens given the prompt and the tokens before them.
     """
 
     prompt_id: str
@@ -50,6 +54,8 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     origins: list[int] = field(default_factory=list)
     episode: dict[str, float] = field(default_factory=dict)
+    token_advantages: list[float] = field(default_factory=list)
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -57,6 +63,16 @@ class Trajectory:
             raise ValueError(
                 f"trajectory {self.group_id}/{self.sample_index}: {n} completion tokens but "
                 f"{len(self.behav_logprobs)} logprobs and {len(self.versions)} versions"
+            )
+        if self.teacher_logprobs and len(self.teacher_logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.group_id}/{self.sample_index}: {n} completion tokens but "
+                f"{len(self.teacher_logprobs)} teacher logprobs"
+            )
+        if self.token_advantages and len(self.token_advantages) != n:
+            raise ValueError(
+                f"trajectory {self.group_id}/{self.sample_index}: {n} completion tokens but "
+                f"{len(self.token_advantages)} token advantages"
             )
         if self.origins and len(self.origins) != n:
             raise ValueError(

@@ -37,6 +37,9 @@ def loss_config_from(algo: AlgoConfig) -> LossConfig:
         kl_coef=algo.kl_coef,
         kl_estimator=algo.kl_estimator,
         aggregation=algo.aggregation,
+        gspo_eps_low=algo.gspo_eps_low,
+        gspo_eps_high=algo.gspo_eps_high,
+        cispo_cap=algo.cispo_cap,
     )
 
 

@@ -134,7 +134,7 @@ def _collate(
         # only model tokens are trained: environment tokens (tool output) get no gradient
         mask[row, span] = torch.tensor(t.model_mask, dtype=torch.float32) if t.origins else 1.0
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
-        adv[row, span] = t.advantage
+        adv[row, span] = torch.tensor(t.token_advantages) if t.token_advantages else t.advantage
     ids, attn, mask, behav, adv = (x.to(device) for x in (ids, attn, mask, behav, adv))
     return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans)
 

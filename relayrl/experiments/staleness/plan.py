@@ -24,6 +24,8 @@ PRESETS = {
     "decoupled_mask": "async_decoupled_mask.yaml",
     "decoupled_seq": "async_decoupled_seq.yaml",
     "decoupled_geo": "async_decoupled_geo.yaml",
+    "gspo": "async_gspo.yaml",
+    "seq_mean_token_mean": "async_seq_mean.yaml",
     "darl": "darl.yaml",
     "darl_noreplay": "darl.yaml",
     "darl_uniform": "darl.yaml",
@@ -56,6 +58,8 @@ LABELS = {
     "decoupled_mask": "decoupled PPO + mask w > 5",
     "decoupled_seq": "decoupled PPO + sequence TIS (C = 2)",
     "decoupled_geo": "decoupled PPO + geometric TIS (C = 2)",
+    "gspo": "GSPO, geometric TIS (C = 2), per-sequence token means",
+    "seq_mean_token_mean": "naive async, per-sequence token means (TRL's grpo loss)",
     "darl": "D-ARL",
     "darl_noreplay": "D-ARL without replay (ESS weights over fresh samples only)",
     "darl_uniform": "D-ARL with uniform weights (replay + selection)",
@@ -72,6 +76,8 @@ SHORT = {
     "decoupled_tis": "TIS",
     "decoupled_seq": "seq",
     "decoupled_geo": "geo",
+    "gspo": "GSPO",
+    "seq_mean_token_mean": "seq-mean",
 }
 
 

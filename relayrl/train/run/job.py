@@ -22,6 +22,7 @@ import shutil
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
+from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.rewards.pool import Grader, GradingPool
 from relayrl.train.distributed import check_trainer_ranks
 from relayrl.train.loggers import check_loggers
@@ -72,7 +73,12 @@ def run_train(
     backend = make_backend(config, model_dir)
     launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
     configure_sandbox(config.sandbox.allow_unisolated)
+    teacher = teacher_launcher(config, run_dir)  # on-policy distillation's teacher server
     with contextlib.ExitStack() as teardown:  # in reverse: weights, setup, servers, pool
+        if teacher is not None:
+            teardown.callback(teacher.stop)
+            teacher.start()
+            config = with_teacher_url(config, teacher)
         pool = GradingPool(
             config.rollout.reward_workers, config.rollout.reward_timeout_s, grader=grader
         )

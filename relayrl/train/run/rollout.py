@@ -19,8 +19,10 @@ from relayrl.rollout.controller import (
     auto_concurrency,
     filter_cap,
 )
+from relayrl.rollout.distill import TeacherScorer
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import WORKFLOWS, GenerateFn, GenerateGroupFn
+from relayrl.runkey import key_from_env
 from relayrl.train.run.setup import RunSetup, train_problems
 
 
@@ -37,12 +39,27 @@ def controller_options(config: RunConfig) -> ControllerOptions:
         concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
         max_context=config.model.max_context,
         advantage=a.advantage,
+        gamma=a.gamma,
+        distill=config.distill.enabled,
+        distill_coef=config.distill.coef,
+        distill_task_weight=config.distill.task_weight,
         dynamic_sampling=a.dynamic_sampling,
         max_filtered_per_step=filter_cap(a.max_filtered_per_step, r.prompts_per_step),
         overlong_buffer=a.overlong_buffer,
         overlong_penalty=a.overlong_penalty,
         seed=config.seed,
     )
+
+
+def teacher_scorer(config: RunConfig) -> TeacherScorer | None:
+    """The rollout side's client of the distillation teacher (None when off); by now
+    ``distill.teacher`` is a URL (a model directory was started by ``run_train``)."""
+    url = config.distill.teacher
+    if url is None:
+        return None
+    key = config.distill.api_key or key_from_env()
+    timeout = config.rollout.startup_timeout_s * 5
+    return TeacherScorer(url, config.rollout.temperature, timeout, api_key=key)
 
 
 @dataclass
@@ -73,6 +90,7 @@ class RolloutSide:
             workflow=WORKFLOWS.lookup(config.rollout.workflow)(),
             generate=generate,
             encode_text=setup.encode_text,
+            teacher=teacher_scorer(config),
         )
         return cls(controller, pool)
 
