@@ -366,6 +366,7 @@ def _params(engine, body: Any, prompt: list[int], index: int, chat: bool) -> Sam
         engine.validate(prompt, params)
     except ValueError as exc:
         message = str(exc).replace("max_new_tokens", "max_tokens")
+        message = message.replace("len(input_ids)", "the prompt's tokens")
         message = message.replace("input_ids", "messages" if chat else "prompt")
         param = "max_tokens" if "max_tokens" in message else None
         raise OpenAIError(message, param) from None

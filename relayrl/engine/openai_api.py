@@ -22,6 +22,7 @@ Imports: pydantic, the engine's plain types, relayrl.models.loading.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -92,8 +93,10 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
+        # a union (``content``: text or parts) reports one error per member: the deepest
+        # is the one that says what is wrong
+        err = max(exc.errors(), key=lambda e: len(_path(e)))
+        loc = _field(_path(err)) or "body"
         if err.get("type") == "extra_forbidden":
             raise OpenAIError(
                 f"{loc}: unsupported field (relayrl's built-in server does not implement it)",
@@ -101,6 +104,22 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
                 code="unsupported_field",
             ) from None
         raise OpenAIError(f"{loc}: {err.get('msg', 'invalid')}", param=loc) from None
+
+
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|literal)\[.*|[A-Z]\w*)$")
+
+
+def _path(err: Any) -> list[str | int]:
+    """An error's location without pydantic's union-member tags (``str``, ``list[int]``)."""
+    return [x for x in err.get("loc", ()) if isinstance(x, int) or not _UNION_TAG.match(x)]
+
+
+def _field(path: list[str | int]) -> str:
+    """``["messages", 0, "content"]`` -> ``messages[0].content``."""
+    out = ""
+    for x in path:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else x)
+    return out
 
 
 class TextPart(_Body):
@@ -150,12 +169,14 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    """Sampling fields shared by both endpoints (relayrl extensions: ``top_k``)."""
+    """Sampling fields shared by both endpoints (extensions, as vLLM's: ``top_k``,
+    ``ignore_eos``)."""
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
+    ignore_eos: bool = False
     n: int = Field(1, ge=1, le=64)
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -175,6 +196,7 @@ class _Sampling(_Body):
             stop=stop,
             seed=None if self.seed is None else self.seed + index,
             top_logprobs=top_logprobs,
+            ignore_eos=self.ignore_eos,
         )
 
     def check_stream(self) -> None:
