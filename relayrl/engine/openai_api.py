@@ -147,8 +147,9 @@ class ChatMessage(_Body):
     reasoning_content: str | None = None  # some templates (Qwen3) render it
 
     def text(self) -> str:
+        """The content as one string; text parts joined by newlines, as vLLM joins them."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "\n".join(part.text for part in self.content)
         return self.content or ""
 
 

@@ -106,7 +106,7 @@ def test_chat_prompt_logprobs_and_top_logprobs(oai, tiny_model, templated):
     )
     messages = [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Start at 3. Add 4."},
+        {"role": "user", "content": "Start at 3. \nAdd 4."},  # parts joined as vLLM does
     ]
     prompt = template_ids(templated, messages)
     assert answer.model_extra["prompt_token_ids"] == prompt
