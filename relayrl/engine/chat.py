@@ -49,11 +49,13 @@ from relayrl.engine.types import GenerationResult, SamplingParams
 
 @dataclass
 class Job:
-    """One choice to generate: its index in the answer, prompt and sampling parameters."""
+    """One choice to generate: its index in the answer, prompt, sampling parameters and how
+    many alternatives of each token to report."""
 
     index: int
     prompt: list[int]
     params: SamplingParams
+    top: int = 0
 
 
 @dataclass
@@ -63,6 +65,7 @@ class ChoiceText:
     tokenizer: Any
     stops: list[str]
     tool_formats: tuple[str, ...] | None  # None: the answer is not parsed for tool calls
+    one_call: bool = False  # parallel_tool_calls: false keeps the first call only
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -116,6 +119,7 @@ class ChoiceText:
         if self.tool_formats is None:
             return text, []
         content, calls = parse_tool_calls(text, self.tool_formats)
+        calls = calls[:1] if self.one_call else calls
         return content, [call.to_openai() for call in calls]
 
 
@@ -199,7 +203,9 @@ class Endpoint:
         formats = None
         if self.chat and self.body.parse_tools:
             formats = detect_formats(getattr(tokenizer, "chat_template", None))
-        return ChoiceText(tokenizer, stops, formats)
+        return ChoiceText(
+            tokenizer, stops, formats, one_call=self.chat and not self.body.parallel_tool_calls
+        )
 
     def logprobs(self, choice: ChoiceText, start: int, end: int) -> dict[str, Any] | None:
         if not self.wants_logprobs():
@@ -303,7 +309,9 @@ class _Events:
             except RuntimeError:  # the event loop is closed: nobody is listening
                 pass
 
-        task = asyncio.ensure_future(engine.generate(job.prompt, job.params, on_token=on_token))
+        task = asyncio.ensure_future(
+            engine.generate(job.prompt, job.params, on_token=on_token, top_logprobs=job.top)
+        )
         task.add_done_callback(lambda done: self.queue.put_nowait((k, done)))
         return task
 
@@ -353,7 +361,8 @@ async def stream_answer(ep: Endpoint, engine) -> AsyncIterator[str]:
 DEFAULT_MAX_TOKENS = 128  # chat without max_tokens: this, or what the context has left
 
 
-def _params(engine, body: Any, prompt: list[int], index: int, chat: bool) -> SamplingParams:
+def _job(engine, body: Any, prompt: list[int], index: int, chat: bool) -> Job:
+    """Choice ``index`` of ``prompt``, its parameters checked by the engine."""
     if chat:
         asked = body.max_completion_tokens or body.max_tokens
         room = max(1, engine.max_seq_len - len(prompt))
@@ -361,7 +370,7 @@ def _params(engine, body: Any, prompt: list[int], index: int, chat: bool) -> Sam
         top = (body.top_logprobs or 0) if body.logprobs else 0
     else:
         max_tokens, top = body.max_tokens, body.logprobs or 0
-    params = body.sampling(index, max_tokens, top)
+    params = body.sampling(index % body.n, max_tokens)
     try:
         engine.validate(prompt, params)
     except ValueError as exc:
@@ -370,7 +379,7 @@ def _params(engine, body: Any, prompt: list[int], index: int, chat: bool) -> Sam
         message = message.replace("input_ids", "messages" if chat else "prompt")
         param = "max_tokens" if "max_tokens" in message else None
         raise OpenAIError(message, param) from None
-    return params
+    return Job(index, prompt, params, top)
 
 
 def make_endpoint(engine, data: Any, chat: bool) -> Endpoint:
@@ -385,7 +394,7 @@ def make_endpoint(engine, data: Any, chat: bool) -> Endpoint:
         body = parse_body(CompletionIn, data).checked()
         prompts = prompts_of(tokenizer, body)
     jobs = [
-        Job(p * body.n + i, prompt, _params(engine, body, prompt, i, chat))
+        _job(engine, body, prompt, p * body.n + i, chat)
         for p, prompt in enumerate(prompts)
         for i in range(body.n)
     ]
@@ -420,7 +429,9 @@ async def _answer(request: Request, engine, chat: bool):
         return _error(exc)
     if ep.body.stream:
         return StreamingResponse(stream_answer(ep, engine), media_type="text/event-stream")
-    task = asyncio.gather(*(engine.generate(job.prompt, job.params) for job in ep.jobs))
+    task = asyncio.gather(
+        *(engine.generate(job.prompt, job.params, top_logprobs=job.top) for job in ep.jobs)
+    )
     watcher = asyncio.ensure_future(_until_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -45,6 +45,7 @@ from relayrl.engine.model_runner import ModelRunner, eos_ids
 from relayrl.engine.scheduler import Scheduler
 from relayrl.engine.sequence import Sequence, TokenListener, stop_reason
 from relayrl.engine.types import (
+    MAX_TOP_LOGPROBS,
     PAUSE_MODES,
     EngineOptions,
     FinishReason,
@@ -159,14 +160,18 @@ class Engine:
         params: SamplingParams | None = None,
         rid: str | None = None,
         on_token: TokenListener | None = None,
+        top_logprobs: int = 0,
     ) -> concurrent.futures.Future:
         """Queue a request; the future resolves to a :class:`GenerationResult`.
 
-        ``on_token(id, logprob, version, top_logprobs)`` is called on the loop thread for each
-        token as it is sampled (streaming); it must hand the token over without blocking."""
+        ``on_token(id, logprob, version, top)`` is called on the loop thread for each token
+        as it is sampled (streaming); it must hand the token over without blocking.
+        ``top_logprobs``: record the k most likely tokens of every step (``top``)."""
         params = params or SamplingParams()
         input_ids = [int(t) for t in input_ids]
         self.validate(input_ids, params)
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
         rid = rid or f"req-{next(self._rid_counter)}"
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
         generator = None
@@ -183,6 +188,7 @@ class Engine:
             stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids),
             submitted_at=time.perf_counter(),
             on_token=on_token,
+            top_logprobs=top_logprobs,
         )
         self._call(self._add, request, wait=False)
         return request.future
@@ -193,10 +199,11 @@ class Engine:
         params: SamplingParams | None = None,
         rid: str | None = None,
         on_token: TokenListener | None = None,
+        top_logprobs: int = 0,
     ) -> GenerationResult:
         """Async submit-and-wait; cancelling the awaiting task aborts the request."""
         rid = rid or f"req-{next(self._rid_counter)}"
-        future = self.submit(input_ids, params, rid, on_token)
+        future = self.submit(input_ids, params, rid, on_token, top_logprobs)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -125,7 +125,7 @@ class ModelRunner:
         self, seqs: list[Sequence], logits: torch.Tensor
     ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
         """One token per request, its logprob under the distribution it was drawn from and
-        that distribution's ``params.top_logprobs`` most likely tokens (empty if 0)."""
+        that distribution's ``top_logprobs`` most likely tokens (empty if 0)."""
         ps = [s.params for s in seqs]
         batch = make_batch(
             [p.temperature for p in ps],
@@ -135,7 +135,7 @@ class ModelRunner:
             logits.device,
         )
         tokens, logprobs = sample(logits, batch)
-        top = top_logprobs(logits, batch, [p.top_logprobs for p in ps])
+        top = top_logprobs(logits, batch, [s.top_logprobs for s in seqs])
         return tokens.tolist(), logprobs.tolist(), top
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -186,7 +186,7 @@ class _Sampling(_Body):
     user: str | None = None
     metadata: dict[str, str] | None = None
 
-    def sampling(self, index: int, max_tokens: int, top_logprobs: int) -> SamplingParams:
+    def sampling(self, index: int, max_tokens: int) -> SamplingParams:
         """The engine's parameters of choice ``index`` (seed + index: distinct samples)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
@@ -196,7 +196,6 @@ class _Sampling(_Body):
             top_k=self.top_k,
             stop=stop,
             seed=None if self.seed is None else self.seed + index,
-            top_logprobs=top_logprobs,
             ignore_eos=self.ignore_eos,
         )
 

@@ -39,6 +39,7 @@ class Sequence:
     row: int = -1  # KV slot while running
     kv_len: int = 0  # tokens whose keys/values are in the slot
     retracted: bool = False  # its next prefill recomputes KV it had (counted in the stats)
+    top_logprobs: int = 0  # alternatives recorded per token
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # called on the loop thread with each new token's (id, logprob, version, top logprobs);
     # it must only hand them over (e.g. ``loop.call_soon_threadsafe``), never block
@@ -60,7 +61,7 @@ class Sequence:
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
         self.output_versions.append(version)
-        if self.params.top_logprobs:
+        if self.top_logprobs:
             self.output_top_logprobs.append(list(top or []))
         self.first_token_at = self.first_token_at or now
         if self.on_token is not None:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
 
 
 @dataclass
@@ -62,8 +62,6 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
-    # the k most likely tokens of each step's distribution, with their logprobs (0: none)
-    top_logprobs: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -77,10 +75,6 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(
-                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
-            )
 
     @property
     def greedy(self) -> bool:
@@ -92,9 +86,9 @@ class GenerationResult:
     """The outcome of one request.
 
     ``output_logprobs[i]`` is ``log_softmax(logits / T)[output_ids[i]]`` (T = 1 for greedy) and
-    ``output_versions[i]`` the weight version that produced ``output_ids[i]``. With
-    ``SamplingParams.top_logprobs = k``, ``output_top_logprobs[i]`` is the ``k`` most likely
-    ``(token id, logprob)`` of that same distribution, most likely first (else empty).
+    ``output_versions[i]`` the weight version that produced ``output_ids[i]``. A request
+    submitted with ``top_logprobs=k`` has in ``output_top_logprobs[i]`` the ``k`` most likely
+    ``(token id, logprob)`` of that same distribution, most likely first (else it is empty).
     """
 
     rid: str

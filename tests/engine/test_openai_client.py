@@ -131,6 +131,23 @@ def test_chat_prompt_logprobs_and_top_logprobs(oai, tiny_model, templated):
     )
 
 
+def test_greedy_tokens_are_their_own_top_logprob(oai):
+    _, client = oai
+    answer = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Start at 1."}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=20,
+    )
+    for entry in answer.choices[0].logprobs.content:
+        best = entry.top_logprobs[0]
+        assert (best.token, best.logprob) == (entry.token, entry.logprob)
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == 20 and values == sorted(values, reverse=True)
+
+
 def _streamed(client, **request):
     """Per choice index: content, token ids, finish reason; and the usage chunk."""
     out: dict[int, dict] = {}
@@ -142,8 +159,12 @@ def _streamed(client, **request):
             continue
         assert not last_was_usage, "the usage chunk comes last"
         for choice in chunk.choices:
-            acc = out.setdefault(choice.index, {"content": "", "ids": [], "finish": None})
+            acc = out.setdefault(
+                choice.index, {"content": "", "ids": [], "finish": None, "top": []}
+            )
             acc["content"] += choice.delta.content or ""
+            for entry in choice.logprobs.content if choice.logprobs else []:
+                acc["top"].append([entry.logprob] + [t.logprob for t in entry.top_logprobs])
             acc["ids"] += choice.model_extra.get("token_ids", [])
             acc["finish"] = choice.finish_reason or acc["finish"]
     return out, usage
@@ -157,6 +178,8 @@ def test_streaming_equals_the_whole_answer(oai):
         "max_tokens": 10,
         "seed": 11,
         "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
     }
     whole = client.chat.completions.create(**request)
     streamed, usage = _streamed(client, stream_options={"include_usage": True}, **request)
@@ -166,6 +189,10 @@ def test_streaming_equals_the_whole_answer(oai):
         assert got["ids"] == choice.model_extra["token_ids"]
         assert got["content"] == choice.message.content
         assert got["finish"] == choice.finish_reason
+        whole_top = [
+            [e.logprob] + [t.logprob for t in e.top_logprobs] for e in choice.logprobs.content
+        ]
+        assert got["top"] == whole_top and all(len(t) == 3 for t in whole_top)
     assert usage.completion_tokens == sum(len(s["ids"]) for s in streamed.values())
     assert usage.prompt_tokens == whole.usage.prompt_tokens
 

@@ -107,6 +107,8 @@ def test_a_streamed_tool_call_never_shows_its_markup(tiny_tokenizer):
     assert [c["function"]["name"] for c in calls] == ["weather", "time"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 2}
     assert choice.delta(final=content) == ""  # nothing left to stream but the calls
+    choice.one_call = True  # parallel_tool_calls: false
+    assert [c["function"]["name"] for c in choice.final()[1]] == ["weather"]
 
 
 def test_a_stop_string_is_never_streamed(tiny_tokenizer):
