@@ -332,10 +332,12 @@ def test_closing_a_stream_aborts_its_request(oai):
         extra_body={"ignore_eos": True},  # relayrl's (and vLLM's) extension
     )
     next(iter(stream))
+    engine.pause("in_place")  # the request cannot finish by itself any more
     stream.close()
     deadline = time.monotonic() + 30
     while engine.stats()["num_requests"]:
         assert time.monotonic() < deadline, "the request outlived its closed stream"
         time.sleep(0.05)
+    engine.continue_generation()
     stats = engine.stats()
     assert stats["aborted"] == 1 and stats["generated_tokens"] < 400
