@@ -178,6 +178,9 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
     ignore_eos: bool = False
+    # vLLM's switch for the token ids; accepted so that one client serves both backends:
+    # this server always returns them
+    return_token_ids: bool | None = None
     n: int = Field(1, ge=1, le=64)
     seed: int | None = None
     stop: str | list[str] | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -341,3 +342,16 @@ def test_closing_a_stream_aborts_its_request(oai):
     engine.continue_generation()
     stats = engine.stats()
     assert stats["aborted"] == 1 and stats["generated_tokens"] < 400
+
+
+def test_the_documented_example_runs(oai):
+    """docs/agents.md's client block, run as written against this server."""
+    engine, client = oai
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    block = text.split("## An OpenAI-compatible endpoint", 1)[1].split("```python\n", 1)[1]
+    block = block.split("```", 1)[0]
+    assert "http://127.0.0.1:30000/v1" in block
+    namespace: dict = {}
+    exec(block.replace("http://127.0.0.1:30000/v1", str(client.base_url)), namespace)  # noqa: S102
+    assert namespace["model"] == engine.model_path
+    assert namespace["ids"] and namespace["answer"].choices[0].logprobs.content[0].top_logprobs
