@@ -53,8 +53,8 @@ class _Body(BaseModel):
 
 # fields OpenAI defines that this server does not implement, with their neutral value(s)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0,),  # 0.0 == 0
+    "presence_penalty": (0,),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
     "functions": (None, []),
