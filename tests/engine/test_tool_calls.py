@@ -1,15 +1,20 @@
 """Tool calls parsed back from generated text (hermes and Llama 3 JSON formats), the format
 picked from a chat template, and a tool-call answer streamed token by token through the
 server's :class:`ChoiceText` with the tiny model's real tokenizer: no content delta ever
-shows the call's markup, and the finished answer carries the parsed call."""
+shows the call's markup, and the finished answer carries the parsed call; and a scripted
+tool-call answer read by the official client, whole and streamed, in both formats."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import openai
 import pytest
+from fastapi import FastAPI
 
-from relayrl.engine.chat import ChoiceText
+from relayrl.engine.chat import ChoiceText, add_chat_route
+from relayrl.engine.server import ServerThread
 from relayrl.engine.tool_calls import (
     ToolCall,
     detect_formats,
@@ -18,6 +23,9 @@ from relayrl.engine.tool_calls import (
     parse_llama3_json,
     parse_tool_calls,
 )
+from relayrl.engine.types import GenerationResult
+from relayrl.models.loading import load_tokenizer
+from tests.engine.test_openai_client import TEMPLATE, WEATHER
 
 HERMES_TWO = (
     "Let me look.\n<tool_call>\n"
@@ -120,3 +128,92 @@ def test_a_stop_string_is_never_streamed(tiny_tokenizer):
         choice.add(tok, -0.5, 0, [])
         streamed += choice.delta()
     assert streamed == "Start at 3. Answer: 7" == choice.final()[0]
+
+
+class ScriptedEngine:
+    """The engine's side of ``/v1`` with a scripted answer: the tiny tokenizer's ids of
+    ``text`` then EOS, handed over token by token as the real engine does. A random model
+    cannot be made to call a tool; this checks the wire shape of a call the model made."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.tokenizer, self.model_path, self.max_seq_len = tokenizer, "scripted", 512
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.ids.append(tokenizer.eos_token_id)
+
+    def validate(self, prompt, params) -> None:
+        params.validate()
+
+    async def generate(self, prompt, params, rid=None, on_token=None, top_logprobs=0):
+        for tok in self.ids:
+            if on_token is not None:
+                on_token(tok, -0.5, 3, [])
+            await asyncio.sleep(0)
+        n = len(self.ids)
+        eos = self.ids[-1]
+        return GenerationResult(
+            "r", prompt, self.ids, [-0.5] * n, [3] * n, "stop", len(prompt), matched_stop=eos
+        )
+
+
+@pytest.fixture
+def scripted(tiny_model_dir):
+    servers = []
+
+    def start(text: str, template: str) -> openai.OpenAI:
+        tokenizer = load_tokenizer(tiny_model_dir)
+        tokenizer.chat_template = template
+        app = FastAPI()
+        add_chat_route(app, ScriptedEngine(tokenizer, text))
+        servers.append(ServerThread(app).start())
+        return openai.OpenAI(base_url=f"{servers[-1].url}/v1", api_key="x", max_retries=0)
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+LLAMA_TEMPLATE = (
+    "{% for m in messages %}{{ m.content }}{% endfor %}<|python_tag|>"  # detected as llama3_json
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "template", "content"),
+    [
+        (HERMES_TWO, TEMPLATE, "Let me look."),
+        (
+            '{"name": "weather", "parameters": {"city": "Paris", "days": 2}}; {"name": "time", "parameters": {}}',
+            LLAMA_TEMPLATE,
+            None,
+        ),
+    ],
+)
+def test_a_tool_call_answer_on_the_wire(scripted, text, template, content):
+    client = scripted(text, template)
+    request = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [WEATHER],
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == content
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert calls == [("weather", {"city": "Paris", "days": 2}), ("time", {})]
+    assert whole.model_extra["token_versions"] == [3] * len(whole.model_extra["token_ids"])
+    streamed_text, streamed_calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            streamed_text += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                entry = streamed_calls.setdefault(call.index, ["", ""])
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert "<tool_call>" not in streamed_text and streamed_text.strip() == (content or "")
+    assert [
+        (n, json.loads(a)) for n, a in streamed_calls.values()
+    ] == calls and finish == "tool_calls"
+    # tool_choice "none": the same answer is plain content
+    plain = client.chat.completions.create(tool_choice="none", **request).choices[0]
+    assert plain.message.tool_calls is None and plain.message.content == text
+    assert plain.finish_reason == "stop"
