@@ -43,8 +43,9 @@ import torch
 
 from relayrl.engine.model_runner import ModelRunner, eos_ids
 from relayrl.engine.scheduler import Scheduler
-from relayrl.engine.sequence import Sequence, stop_reason
+from relayrl.engine.sequence import Sequence, TokenListener, stop_reason
 from relayrl.engine.types import (
+    MAX_TOP_LOGPROBS,
     PAUSE_MODES,
     EngineOptions,
     FinishReason,
@@ -158,12 +159,23 @@ class Engine:
             raise ValueError("stop strings need a tokenizer; this engine has none")
 
     def submit(
-        self, input_ids: list[int], params: SamplingParams | None = None, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams | None = None,
+        rid: str | None = None,
+        on_token: TokenListener | None = None,
+        top_logprobs: int = 0,
     ) -> concurrent.futures.Future:
-        """Queue a request; the future resolves to a :class:`GenerationResult`."""
+        """Queue a request; the future resolves to a :class:`GenerationResult`.
+
+        ``on_token(id, logprob, version, top)`` is called on the loop thread for each token
+        as it is sampled (streaming); it must hand the token over without blocking.
+        ``top_logprobs``: record the k most likely tokens of every step (``top``)."""
         params = params or SamplingParams()
         input_ids = [int(t) for t in input_ids]
         self.validate(input_ids, params)
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
         rid = rid or f"req-{next(self._rid_counter)}"
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
         generator = None
@@ -179,16 +191,23 @@ class Engine:
             generator=generator,
             stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids),
             submitted_at=time.perf_counter(),
+            on_token=on_token,
+            top_logprobs=top_logprobs,
         )
         self._call(self._add, request, wait=False)
         return request.future
 
     async def generate(
-        self, input_ids: list[int], params: SamplingParams | None = None, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams | None = None,
+        rid: str | None = None,
+        on_token: TokenListener | None = None,
+        top_logprobs: int = 0,
     ) -> GenerationResult:
         """Async submit-and-wait; cancelling the awaiting task aborts the request."""
         rid = rid or f"req-{next(self._rid_counter)}"
-        future = self.submit(input_ids, params, rid)
+        future = self.submit(input_ids, params, rid, on_token, top_logprobs)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -403,11 +422,11 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per request, record it, finish the ones that stop."""
-        tokens, logprobs = self.runner.sample(seqs, logits)
+        tokens, logprobs, tops = self.runner.sample(seqs, logits)
         now = time.perf_counter()
         finished: list[tuple[Sequence, FinishReason, Any]] = []
-        for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
-            seq.append(tok, lp, self._weight_version, now)
+        for seq, tok, lp, top in zip(seqs, tokens, logprobs, tops, strict=True):
+            seq.append(tok, lp, self._weight_version, now, top)
             reason, matched = stop_reason(seq, tok, self.tokenizer)
             if reason is not None:
                 finished.append((seq, reason, matched))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from relayrl.engine.kv import SlotKVCache
-from relayrl.engine.sampling import make_batch, sample
+from relayrl.engine.sampling import make_batch, sample, top_logprobs
 from relayrl.engine.sequence import Sequence
 from relayrl.engine.types import EngineOptions
 from relayrl.engine.weights import load_into
@@ -147,8 +147,11 @@ class ModelRunner:
         self.stats["steps"] += 1
         return logits
 
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """One token per request and its logprob under the distribution it was drawn from."""
+    def sample(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+        """One token per request, its logprob under the distribution it was drawn from and
+        that distribution's ``top_logprobs`` most likely tokens (empty if 0)."""
         ps = [s.params for s in seqs]
         batch = make_batch(
             [p.temperature for p in ps],
@@ -158,7 +161,8 @@ class ModelRunner:
             logits.device,
         )
         tokens, logprobs = sample(logits, batch)
-        return tokens.tolist(), logprobs.tolist()
+        top = top_logprobs(logits, batch, [s.top_logprobs for s in seqs])
+        return tokens.tolist(), logprobs.tolist(), top
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         with torch.inference_mode(False):

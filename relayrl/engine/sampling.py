@@ -90,3 +90,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         tokens = torch.where(greedy, tokens, picked)
     chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, chosen
+
+
+def top_logprobs(
+    logits: torch.Tensor, batch: SamplingBatch, ks: list[int]
+) -> list[list[tuple[int, float]]]:
+    """The ``ks[i]`` most likely (token, logprob) of row ``i``'s sampling distribution
+    (``log_softmax(logits / T)``, the distribution ``sample`` reports logprobs under)."""
+    k = max(ks)
+    if k <= 0:
+        return [[] for _ in ks]
+    temp = torch.where(batch.temperature == 0, 1.0, batch.temperature)
+    logprobs = torch.log_softmax(logits.float() / temp[:, None], dim=-1)
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    rows = zip(ids.tolist(), values.tolist(), ks, strict=True)
+    return [list(zip(i[:n], v[:n], strict=True)) for i, v, n in rows]

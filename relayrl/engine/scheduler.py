@@ -115,6 +115,7 @@ class Scheduler:
             ),
             latency=now - seq.submitted_at,
             matched_stop=matched,
+            output_top_logprobs=list(seq.output_top_logprobs),
         )
         if not seq.future.done():
             seq.future.set_result(result)

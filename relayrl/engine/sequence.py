@@ -1,7 +1,8 @@
 """One request as the engine sees it while it is queued or running.
 
 Owns :class:`Sequence` (token ids so far, per-token logprobs and weight versions, the KV slot
-it holds, its sampler) and :func:`stop_reason`. Touched only by the engine's loop thread.
+it holds, its sampler, the listener that streams its tokens) and :func:`stop_reason`.
+Touched only by the engine's loop thread.
 
 Imports: torch, relayrl.engine.types.
 """
@@ -9,12 +10,15 @@ Imports: torch, relayrl.engine.types.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from relayrl.engine.types import FinishReason, SamplingParams
+
+TokenListener = Callable[[int, float, int, list[tuple[int, float]]], None]
 
 
 @dataclass
@@ -35,16 +39,36 @@ class Sequence:
     row: int = -1  # KV slot while running
     kv_len: int = 0  # tokens whose keys/values are in the slot
     retracted: bool = False  # its next prefill recomputes KV it had (counted in the stats)
+    top_logprobs: int = 0  # alternatives recorded per token
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # called on the loop thread with each new token's (id, logprob, version, top logprobs);
+    # it must only hand them over (e.g. ``loop.call_soon_threadsafe``), never block
+    on_token: TokenListener | None = None
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
-    def append(self, token: int, logprob: float, version: int, now: float) -> None:
-        """Record one sampled token with its logprob and the weight version behind it."""
+    def append(
+        self,
+        token: int,
+        logprob: float,
+        version: int,
+        now: float,
+        top: list[tuple[int, float]] | None = None,
+    ) -> None:
+        """Record one sampled token with its logprob, the weight version behind it and the
+        most likely alternatives (when the request asked for them); tell the listener."""
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
         self.output_versions.append(version)
+        if self.top_logprobs:
+            self.output_top_logprobs.append(list(top or []))
         self.first_token_at = self.first_token_at or now
+        if self.on_token is not None:
+            try:
+                self.on_token(token, logprob, version, list(top or []))
+            except Exception:  # noqa: BLE001 - a broken listener never stops the batch
+                self.on_token = None
 
 
 def stop_reason(seq: Sequence, token: int, tokenizer) -> tuple[FinishReason | None, Any]:

@@ -4,8 +4,9 @@ Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_gene
 ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``GET /weights_checksum``, the broadcast weight transport's
 ``POST /init_weights_update_group`` and ``POST /update_weights_from_distributed``
-(``relayrl.engine.transfer``; docs/cluster.md), and an OpenAI-compatible ``POST /v1/chat/completions`` with token
-ids, logprobs and versions (``relayrl.engine.chat``). Request and response shapes follow
+(``relayrl.engine.transfer``; docs/cluster.md), and OpenAI-compatible ``/v1`` endpoints (models,
+chat and text completions, streamed or not) with token ids, logprobs and versions
+(``relayrl.engine.chat``). Request and response shapes follow
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
 ``error`` names the field (one bad request of a batch or of an engine step fails alone); a
 client that disconnects mid-request has its request aborted; bodies over 64 MiB and clients
@@ -510,7 +511,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             "weight_version": engine.weight_version,
         }
 
-    add_chat_route(app, engine)  # OpenAI-compatible /v1/chat/completions
+    add_chat_route(app, engine)  # OpenAI-compatible /v1/models, chat and text completions
     return app
 
 

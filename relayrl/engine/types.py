@@ -32,6 +32,7 @@ class PauseMode(StrEnum):
 
 
 PAUSE_MODES: tuple[str, ...] = tuple(m.value for m in PauseMode)
+MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
 
 
 @dataclass
@@ -128,7 +129,9 @@ class GenerationResult:
     """The outcome of one request.
 
     ``output_logprobs[i]`` is ``log_softmax(logits / T)[output_ids[i]]`` (T = 1 for greedy) and
-    ``output_versions[i]`` the weight version that produced ``output_ids[i]``.
+    ``output_versions[i]`` the weight version that produced ``output_ids[i]``. A request
+    submitted with ``top_logprobs=k`` has in ``output_top_logprobs[i]`` the ``k`` most likely
+    ``(token id, logprob)`` of that same distribution, most likely first (else it is empty).
     """
 
     rid: str
@@ -142,6 +145,7 @@ class GenerationResult:
     time_to_first_token: float | None = None
     latency: float = 0.0
     matched_stop: int | str | None = None
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:

@@ -59,4 +59,4 @@ def test_chat_bad_requests_get_400(served):  # noqa: F811
     assert answer.status_code == 400
     assert "first non-system message must be the user's" in answer.json()["error"]["message"]
     empty = httpx.post(f"{url}/v1/chat/completions", json={"messages": []}, timeout=30)
-    assert empty.status_code == 400 and "messages" in empty.json()["error"]
+    assert empty.status_code == 400 and "messages" in empty.json()["error"]["message"]
