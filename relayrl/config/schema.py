@@ -696,6 +696,7 @@ class RunConfig(Section):
             "train.world_size": (self.train.world_size, 1),
             "train.weight_transport": (self.train.weight_transport, "disk"),
             "rollout.engine": (self.rollout.engine, "builtin"),
+            "rollout.lag": (self.rollout.lag, "async"),
         }
         for key, (value, needed) in unsupported.items():
             if value != needed:
