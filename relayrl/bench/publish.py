@@ -30,8 +30,11 @@ trainer's recompute); the median total per publication of each and the differenc
 ``--lora R``: instead, adapter-only vs full publication on the disk transport (built-in
 servers, docs/lora.md): the same base with rank-R LoRA adapters on every linear layer
 (``model.lora.target_modules=all-linear``, new seeded adapter values each round) published as
-an adapter snapshot, alternating with a full snapshot of the same model; per kind the bytes
-written per publication and the median hold / load / total seconds; the last line is
+an adapter snapshot, alternating with a full snapshot of the same model; the trainer is held
+for the snapshot and its checksum, as in a run with the verify step (full: a SHA-256 of the
+snapshot's tensors; adapter: the checksum of the merged weights, computed while writing it);
+per kind the bytes written per publication and the median hold / load / total seconds
+(load: the servers read it; the adapter is merged into the copy there); the last line is
 ``publish_lora_vs_full_<preset>=X.XX`` (total-latency ratio, below 1: the adapter is faster).
 
 The last line is ``publish_broadcast_vs_disk_<preset>=X.XX`` (``publish_vllm_broadcast_vs_disk_
@@ -170,6 +173,7 @@ async def lora_rounds(urls: list[str], model_dir: Path, root: Path, args) -> dic
     """``args.rounds`` disk publications per kind (full, adapter), alternating; per kind the
     bytes of one snapshot and the median seconds of each phase."""
     from relayrl.engine.client import RolloutClient
+    from relayrl.launch.publication import snapshot_checksum
     from relayrl.launch.publish import DiskPublisher
 
     sources, publisher = lora_sources(model_dir, args.lora), DiskPublisher()
@@ -183,6 +187,7 @@ async def lora_rounds(urls: list[str], model_dir: Path, root: Path, args) -> dic
                 new_values(sources[kind], version)
                 start = time.perf_counter()
                 snapshot = await asyncio.to_thread(publisher.snapshot, sources[kind], root, version)
+                await asyncio.to_thread(snapshot_checksum, snapshot)  # as a run's verify step
                 held = time.perf_counter()
                 await publisher.load(client, snapshot, "retract")
                 done = time.perf_counter()

@@ -58,10 +58,11 @@ def merge_weight(
     taken one by one with elementwise float32 operations (no matrix multiply, whose
     summation order depends on the BLAS and its threads): the same bits on every machine."""
     a32, b32 = a.detach().float().to(base.device), b.detach().float().to(base.device)
-    delta = b32[:, :1] * a32[:1, :]
+    delta = torch.mul(b32[:, :1], a32[:1, :])
+    term = torch.empty_like(delta)
     for k in range(1, a32.shape[0]):
-        delta += b32[:, k : k + 1] * a32[k : k + 1, :]
-    return (base.detach().float() + delta * scale).to(base.dtype)
+        delta.add_(torch.mul(b32[:, k : k + 1], a32[k : k + 1, :], out=term))
+    return delta.mul_(scale).add_(base.detach().float()).to(base.dtype)
 
 
 def merged_named(
