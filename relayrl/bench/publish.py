@@ -27,6 +27,16 @@ trainer's recompute); the median total per publication of each and the differenc
 ``verify_overhead_s`` and ``canary_overhead_s`` (a run pays the canary every
 ``train.publish_canary_every``-th publication only).
 
+``--lora R``: instead, adapter-only vs full publication on the disk transport (built-in
+servers, docs/lora.md): the same base with rank-R LoRA adapters on every linear layer
+(``model.lora.target_modules=all-linear``, new seeded adapter values each round) published as
+an adapter snapshot, alternating with a full snapshot of the same model; the trainer is held
+for the snapshot and its checksum, as in a run with the verify step (full: a SHA-256 of the
+snapshot's tensors; adapter: the checksum of the merged weights, computed while writing it);
+per kind the bytes written per publication and the median hold / load / total seconds
+(load: the servers read it; the adapter is merged into the copy there); the last line is
+``publish_lora_vs_full_<preset>=X.XX`` (total-latency ratio, below 1: the adapter is faster).
+
 The last line is ``publish_broadcast_vs_disk_<preset>=X.XX`` (``publish_vllm_broadcast_vs_disk_
 <preset>`` on vLLM), the total-latency ratio on the last preset (below 1: broadcast is
 faster).
@@ -61,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checks",
         action="store_true",
         help="also time the publication checks: verify (version, checksum) and the canary",
+    )
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="R",
+        help="adapter-only (rank R) vs full publication, disk transport, built-in servers",
     )
     parser.add_argument(
         "--vllm-python",
@@ -121,6 +138,106 @@ async def publish_rounds(
                 times[name]["total_s"].append(done - start)
         publishers["broadcast"].close()
     return {t: {k: statistics.median(v) for k, v in times[t].items()} for t in TRANSPORTS}
+
+
+LORA_KINDS = ("full", "adapter")
+
+
+def lora_sources(model_dir: Path, rank: int) -> dict:
+    """The full-weights and the adapter-only weight source over the same base model."""
+    from relayrl.config.schema import LoraConfig
+    from relayrl.launch.publish import ModelSource
+    from relayrl.models.loading import load_model
+    from relayrl.train.lora import apply_lora, save_adapter_snapshot
+
+    class AdapterSource:
+        def __init__(self) -> None:
+            self.model = apply_lora(load_model(model_dir), LoraConfig(r=rank, alpha=2 * rank))
+
+        def save_weights(self, directory: Path) -> Path:
+            return save_adapter_snapshot(self.model, directory)
+
+    return {"full": ModelSource(load_model(model_dir)), "adapter": AdapterSource()}
+
+
+def new_values(source, seed: int) -> None:
+    """New weights for the next publication: noise on every trained parameter."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in source.model.parameters():
+            if p.requires_grad:
+                p.add_(1e-3 * torch.randn(p.shape, generator=generator))
+
+
+async def lora_rounds(urls: list[str], model_dir: Path, root: Path, args) -> dict[str, dict]:
+    """``args.rounds`` disk publications per kind (full, adapter), alternating; per kind the
+    bytes of one snapshot and the median seconds of each phase."""
+    from relayrl.engine.client import RolloutClient
+    from relayrl.launch.publication import snapshot_checksum
+    from relayrl.launch.publish import DiskPublisher
+
+    sources, publisher = lora_sources(model_dir, args.lora), DiskPublisher()
+    times = {k: {"hold_s": [], "load_s": [], "total_s": []} for k in LORA_KINDS}
+    sizes: dict[str, int] = {}
+    version = 0
+    async with RolloutClient(urls, timeout=600.0) as client:
+        for r in range(args.rounds + 1):  # round 0: untimed warm-up
+            for kind in LORA_KINDS if r % 2 == 0 else LORA_KINDS[::-1]:
+                version += 1
+                new_values(sources[kind], version)
+                start = time.perf_counter()
+                snapshot = await asyncio.to_thread(publisher.snapshot, sources[kind], root, version)
+                await asyncio.to_thread(snapshot_checksum, snapshot)  # as a run's verify step
+                held = time.perf_counter()
+                await publisher.load(client, snapshot, "retract")
+                done = time.perf_counter()
+                sizes[kind] = sum(f.stat().st_size for f in snapshot.path.iterdir())
+                if r > 0:
+                    times[kind]["hold_s"].append(held - start)
+                    times[kind]["load_s"].append(done - held)
+                    times[kind]["total_s"].append(done - start)
+    out = {k: {n: statistics.median(v) for n, v in times[k].items()} for k in LORA_KINDS}
+    for kind in LORA_KINDS:
+        out[kind]["bytes"] = sizes[kind]
+    return out
+
+
+def run_lora(args: argparse.Namespace, presets: list[str]) -> int:
+    """``--lora R``: adapter-only vs full publication per preset (see the module docstring)."""
+    import shutil
+
+    from relayrl.launch.servers import ServerLauncher, ServerSpec
+    from relayrl.models.build import create_model_dir
+    from relayrl.tasks.registry import make_task
+
+    last = 1.0
+    for preset in presets:
+        with tempfile.TemporaryDirectory(prefix="relayrl-bench-publish-") as tmp:
+            model_dir = Path(tmp) / "model"
+            create_model_dir(model_dir, make_task("arithmetic"), preset, seed=0, corpus_size=500)
+            root = snapshot_root()
+            try:
+                with ServerLauncher(
+                    ServerSpec(str(model_dir)), args.servers, log_dir=Path(tmp)
+                ) as launcher:
+                    r = asyncio.run(lora_rounds(launcher.urls, model_dir, root, args))
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+        for kind in LORA_KINDS:
+            row = r[kind]
+            print(
+                f"preset={preset} lora_r={args.lora} publication={kind} bytes={row['bytes']} "
+                f"hold_s={row['hold_s']:.4f} load_s={row['load_s']:.4f} "
+                f"total_s={row['total_s']:.4f}"
+            )
+        last = r["adapter"]["total_s"] / r["full"]["total_s"]
+        print(
+            f"preset={preset} adapter/full: bytes={r['adapter']['bytes'] / r['full']['bytes']:.3f}"
+        )
+    print(f"publish_lora_vs_full_{presets[-1]}={last:.2f}")
+    return 0
 
 
 class _Listener:
@@ -236,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     args.rounds = args.rounds or (3 if args.quick else 10)
     presets = [p for p in args.presets.split(",") if p]
+    if args.lora:
+        return run_lora(args, presets)
     print(
         f"publish bench: {args.servers} {args.engine} servers, {args.rounds} rounds per transport "
         "(alternating), publish_mode=retract, idle servers, medians in seconds"

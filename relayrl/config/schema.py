@@ -58,6 +58,19 @@ class TaskConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA adapters (``peft``, docs/lora.md): only the adapters train and are published."""
+
+    r: int = Field(8, gt=0, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha/r · B·A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description="module names to adapt (peft's target_modules; 'all-linear': every "
+        "linear layer but the output head); each must be a torch Linear",
+    )
+
+
 class ModelConfig(Section):
     """The policy model: an existing Hugging Face directory or a preset built from scratch."""
 
@@ -71,6 +84,9 @@ class ModelConfig(Section):
     vocab_size: int = Field(384, ge=260, description="BPE vocabulary when training a tokenizer")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("cpu", description="torch device for training and generation")
+    lora: LoraConfig | None = Field(
+        None, description="LoRA adapters (RL and SFT, docs/lora.md); null = full fine-tuning"
+    )
 
 
 class SFTConfig(Section):
@@ -820,3 +836,22 @@ class RunConfig(Section):
                     "algo.aggregation='token_mean'"
                 )
         return replay
+
+    @model_validator(mode="after")
+    def _lora_supported(self) -> RunConfig:
+        """LoRA runs only where it is implemented (docs/lora.md "Not done yet")."""
+        if self.model.lora is None:
+            return self
+        unsupported = {
+            "train.world_size": (self.train.world_size, 1),
+            "train.weight_transport": (self.train.weight_transport, "disk"),
+            "rollout.engine": (self.rollout.engine, "builtin"),
+            "rollout.lag": (self.rollout.lag, "async"),
+        }
+        for key, (value, needed) in unsupported.items():
+            if value != needed:
+                raise ValueError(
+                    f"model.lora is not supported with {key}={value!r} yet (it needs "
+                    f"{key}={needed!r}; docs/lora.md), or set model.lora=null"
+                )
+        return self

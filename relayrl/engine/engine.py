@@ -41,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from relayrl.engine.adapter import Adapter, AdapterBase, is_adapter_snapshot, read_adapter
 from relayrl.engine.model_runner import ModelRunner, eos_ids
 from relayrl.engine.scheduler import Scheduler
 from relayrl.engine.sequence import Sequence, TokenListener, stop_reason
@@ -94,6 +95,7 @@ class Engine:
             "kept_kv": 0,
         }
         self.runner = ModelRunner(model, self.options, self._stats)
+        self.adapter_base = AdapterBase()  # pristine base weights under adapter publications
         self.model, self.device, self.cache = (
             self.runner.model,
             self.runner.device,
@@ -293,6 +295,9 @@ class Engine:
         ``kept_kv``). Either way the logprobs returned are those of the distribution each
         token was sampled from.
         """
+        if not isinstance(source, Mapping) and is_adapter_snapshot(source):
+            adapter = read_adapter(source)  # a LoRA publication: merged into a copy (docs/lora.md)
+            return self._call(self._apply_adapter, adapter, version, keep_kv)
         state = source if isinstance(source, Mapping) else read_state_dict(source)
         return self._call(self._update_weights, state, version, keep_kv)
 
@@ -387,6 +392,14 @@ class Engine:
         self, state: Mapping[str, torch.Tensor], version: int | None, keep_kv: bool
     ) -> int:
         self.runner.load_weights(state)
+        self.adapter_base.reset()  # full weights: the new base of later adapters
+        return self._weights_changed(version, keep_kv)
+
+    def _apply_adapter(self, adapter: Adapter, version: int | None, keep_kv: bool) -> int:
+        self.runner.load_adapter(self.adapter_base.merged_state(self.runner.model, adapter))
+        return self._weights_changed(version, keep_kv)
+
+    def _weights_changed(self, version: int | None, keep_kv: bool) -> int:
         if keep_kv:
             self._stats["kept_kv"] += len(self.scheduler.running)
         else:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from relayrl.engine.adapter import load_partial
 from relayrl.engine.kv import SlotKVCache
 from relayrl.engine.sampling import make_batch, sample, top_logprobs
 from relayrl.engine.sequence import Sequence
@@ -167,3 +168,8 @@ class ModelRunner:
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         with torch.inference_mode(False):
             load_into(self.model, state)
+
+    def load_adapter(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Write an adapter publication's merged weights (``relayrl.engine.adapter``)."""
+        with torch.inference_mode(False):
+            load_partial(self.model, state)

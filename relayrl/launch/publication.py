@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from relayrl.engine.adapter import is_adapter_snapshot, read_adapter
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.weights import read_state_dict, weights_checksum
 from relayrl.errors import RelayError
@@ -135,7 +136,10 @@ def remove_older_snapshots(root: Path, version: int) -> list[Path]:
 
 def snapshot_checksum(snapshot: Snapshot) -> str | None:
     """``weights_checksum`` of what ``snapshot`` publishes (its tensors, else its disk
-    snapshot's), None when it holds neither."""
+    snapshot's; an adapter snapshot's: the merged weights' the trainer recorded in it), None
+    when it holds neither."""
+    if snapshot.path is not None and is_adapter_snapshot(snapshot.path):
+        return read_adapter(snapshot.path).checksum
     if snapshot.state is not None:
         return weights_checksum(snapshot.state.items())
     if snapshot.path is not None:

@@ -299,6 +299,10 @@ def make_trainer(
     started here (or by torchrun) with rank 0 in this process, as a :class:`TrainerGroup`."""
     from relayrl.train.trainer import RLTrainer
 
+    if config.model.lora is not None:  # world size 1 only (the config refuses more)
+        from relayrl.train.lora import apply_lora
+
+        model = apply_lora(model, config.model.lora)
     if config.train.world_size == 1:
         return RLTrainer(model, TrainerOptions.from_config(config), pad_id=pad_id)
     from relayrl.launch.servers import free_port

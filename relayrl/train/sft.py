@@ -23,6 +23,7 @@ from relayrl.models.loading import (
     quiet_libraries,
 )
 from relayrl.tasks.base import Problem, SyntheticTask
+from relayrl.train.lora import apply_lora, save_model, trainable_parameters
 
 IGNORE_INDEX = -100
 
@@ -145,8 +146,10 @@ def train_sft(
     torch.manual_seed(config.seed)
     problems = task.problems("train", config.task.train_size, config.task.seed)
     stream = DemonstrationStream(task, problems, tokenizer, sft.wrong_fraction, config.seed)
+    if config.model.lora is not None:
+        model = apply_lora(model, config.model.lora)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay, betas=(0.9, 0.98)
+        trainable_parameters(model), lr=sft.lr, weight_decay=sft.weight_decay, betas=(0.9, 0.98)
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.warmup_steps, sft.steps))
     model.train()
@@ -168,7 +171,7 @@ def train_sft(
             bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    model = save_model(model, out_dir, merge_in_place=True)  # merged + adapter/ under LoRA
     tokenizer.save_pretrained(out_dir)
     return SFTResult(out_dir, sft.steps, loss_value, time.perf_counter() - start)
 

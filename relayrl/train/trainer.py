@@ -67,6 +67,7 @@ from relayrl.metric_names import (
     TRAIN_TOKENS,
 )
 from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
+from relayrl.train.lora import is_lora, save_adapter_snapshot, trainable_parameters
 from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
@@ -189,7 +190,7 @@ class RLTrainer:
         self.loss_cfg = options.loss
         o = options  # the schedule's lambda keeps these (frozen) options
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
+            trainable_parameters(model), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, o.warmup_steps, o.total_steps, o.schedule)
@@ -497,9 +498,12 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ weights and state
     def save_weights(self, directory: Path) -> Path:
-        """Write the current weights as ``directory/model.safetensors`` (tied tensors once)."""
+        """Write the current weights as ``directory/model.safetensors`` (tied tensors once);
+        under LoRA only the adapters (``relayrl.train.lora.save_adapter_snapshot``)."""
         from safetensors.torch import save_file
 
+        if is_lora(self.model):
+            return save_adapter_snapshot(self.model, directory)
         directory.mkdir(parents=True, exist_ok=True)
         # named_parameters() lists a tied tensor once, under its first name (the engine's
         # loader expects exactly that)

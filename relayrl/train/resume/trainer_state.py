@@ -35,6 +35,7 @@ def restore_trainer(trainer: Any, ckpt: Checkpoint) -> None:
     weights and ``trainer.pt``; into the ranks of a data-parallel trainer, or this process."""
     from relayrl.engine.weights import load_into, read_state_dict
     from relayrl.train.fsdp import SHARDS_DIR, SHARDS_METADATA, load_sharded
+    from relayrl.train.lora import is_lora, load_adapter_dir
 
     shards = ckpt.path / SHARDS_DIR if ckpt.has(SHARDS_METADATA, "") else None
     state = ckpt.read_torch("trainer")
@@ -44,6 +45,8 @@ def restore_trainer(trainer: Any, ckpt: Checkpoint) -> None:
     if shards is not None:
         load_sharded(trainer.model, trainer.optimizer, shards)
         state = {k: v for k, v in state.items() if k != "optimizer"}
+    elif is_lora(trainer.model):  # the checkpoint's model/ is a PEFT adapter directory
+        load_adapter_dir(trainer.model, ckpt.model_dir)
     else:
         load_into(trainer.model, read_state_dict(ckpt.model_dir))
     load_trainer_state(trainer, state)

@@ -30,6 +30,7 @@ from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.tasks.base import Problem, SyntheticTask
 from relayrl.train.distributed import TrainerGroup, make_trainer
 from relayrl.train.loop import TrainingLoop
+from relayrl.train.lora import save_model
 from relayrl.train.metrics import RunLogger, drift_summary, realised_staleness
 from relayrl.train.trainer import RLTrainer
 
@@ -159,7 +160,7 @@ class RunSetup:
         ``train_summary.json``."""
         if self.config.train.save_final:
             out = self.run_dir / "final_model"
-            self.trainer.model.save_pretrained(out)
+            save_model(self.trainer.model, out)  # merged + adapter/ under LoRA
             self.tokenizer.save_pretrained(out)
         metrics = self.run_dir / "metrics.jsonl"
         result.summary["final_pass@1"] = result.final_pass_at_1

@@ -1,0 +1,138 @@
+"""Adapter-only publications (``model.lora``, relayrl.engine.adapter, docs/lora.md): the merge
+is W_base + scale·B·A to float rounding and the same bits at any thread count; a built-in
+engine that loads adapter after adapter serves exactly base + the newest adapter (its
+checksum equals the one the trainer recorded), keeps its base weights untouched (their
+checksum before == after), and is back at the base for a zero adapter; a bad adapter is
+refused before any weight changes. Through the publication transaction on a real server,
+adapter publications pass verify and the canary, and a server that takes the adapter but
+does not apply it fails the verify step naming the server and the version."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from relayrl.config.schema import LoraConfig, TrainConfig
+from relayrl.engine.adapter import Adapter, merge_weight, read_adapter, write_adapter
+from relayrl.engine.engine import Engine
+from relayrl.engine.model_runner import ModelRunner
+from relayrl.engine.types import EngineOptions
+from relayrl.errors import RelayError
+from relayrl.launch.publication import Canary, Publication, PublicationError
+from relayrl.launch.publish import make_publisher
+from relayrl.launch.servers import ServerLauncher, ServerSpec
+from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.models.loading import load_model, load_tokenizer
+from relayrl.train.lora import apply_lora, save_adapter_snapshot
+from tests.launch.test_publication import Listener
+
+
+class LoraSource:
+    """A LoRA policy with random (non-zero) B matrices, published as the trainer does."""
+
+    def __init__(self, model_dir, seed: int | None) -> None:
+        self.model = apply_lora(load_model(model_dir), LoraConfig(r=4, alpha=8.0))
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    if ".lora_B." in name:
+                        p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+
+    def save_weights(self, directory):
+        return save_adapter_snapshot(self.model, directory)
+
+
+def test_merge_is_base_plus_scaled_product_and_thread_independent():
+    g = torch.Generator().manual_seed(0)
+    base, a, b = (torch.randn(s, generator=g) for s in ((48, 40), (8, 40), (48, 8)))
+    expected = base.double() + 0.5 * (b.double() @ a.double())
+    merged = merge_weight(base, a, b, 0.5)
+    assert merged.dtype == torch.float32
+    torch.testing.assert_close(merged.double(), expected, rtol=0, atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        again = merge_weight(base, a, b, 0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(merged, again)
+
+
+def test_engine_serves_base_plus_newest_adapter_and_keeps_the_base(tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir)
+    options = EngineOptions(max_seq_len=128)
+    with Engine(model, load_tokenizer(tiny_model_dir), options) as engine:
+        base = engine.weights_checksum()
+
+        def base_checksum():
+            return engine._call(engine.adapter_base.base_checksum, engine.runner.model)
+
+        for seed in (1, 2):  # the second replaces the first (no accumulation)
+            snapshot = LoraSource(tiny_model_dir, seed).save_weights(tmp_path / f"v{seed}")
+            adapter = read_adapter(snapshot)
+            assert engine.update_weights(snapshot, version=seed) == seed
+            assert engine.weights_checksum() == adapter.checksum != base
+            assert base_checksum() == base
+        a, b = adapter.pairs["model.layers.0.self_attn.q_proj"]
+        served = dict(engine.runner.model.named_parameters())
+        original = dict(load_model(tiny_model_dir).named_parameters())
+        name = "model.layers.0.self_attn.q_proj.weight"
+        expected = original[name].double() + adapter.scale * (b.double() @ a.double())
+        torch.testing.assert_close(served[name].double(), expected, rtol=0, atol=1e-5)
+        zero = LoraSource(tiny_model_dir, None).save_weights(tmp_path / "v3")  # B = 0
+        engine.update_weights(zero, version=3)
+        assert engine.weights_checksum() == base
+
+        bad = Adapter({"model.layers.0.self_attn.q_proj": (a[:, :-1], b)}, 1.0)
+        write_adapter(bad, tmp_path / "bad")
+        before = engine.weights_checksum()
+        try:
+            engine.update_weights(tmp_path / "bad", version=4)
+            raise AssertionError("a misfit adapter was loaded")
+        except RelayError as exc:
+            assert "do not fit the weight" in str(exc)
+        assert engine.weights_checksum() == before
+
+
+def publish_two(tiny_model_dir, tmp_path, listener):
+    launcher = ServerLauncher(ServerSpec(str(tiny_model_dir)), 1, "thread", log_dir=tmp_path)
+    publisher = make_publisher(TrainConfig(weight_transport="disk"))
+
+    async def main(urls):
+        from relayrl.engine.client import RolloutClient
+
+        async with RolloutClient(urls, timeout=60) as client:
+            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
+            publication = Publication(
+                supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-4)
+            )
+            for version in (1, 2):
+                await publication.submit(LoraSource(tiny_model_dir, version), version, wait=True)
+                if listener.failure is not None:
+                    break
+            return publication.canaries, publication.canary_max_diff
+
+    with launcher:
+        return asyncio.run(main(launcher.urls)), launcher.urls
+
+
+def test_adapter_publications_pass_verify_and_canary(tiny_model_dir, tmp_path):
+    listener = Listener()
+    (canaries, max_diff), _ = publish_two(tiny_model_dir, tmp_path, listener)
+    assert listener.failure is None and listener.versions == [1, 2]
+    assert canaries == 2 and max_diff < 1e-4, max_diff
+
+
+def test_an_adapter_not_applied_on_the_server_fails_verification(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(ModelRunner, "load_adapter", lambda self, state: None)
+    listener = Listener()
+    _, urls = publish_two(tiny_model_dir, tmp_path, listener)
+    assert listener.versions == []
+    error = listener.failure
+    assert isinstance(error, PublicationError) and error.step == "verify", error
+    assert error.version == 1 and error.servers == urls
+    assert "stale or partial weights under the new label" in str(error)
