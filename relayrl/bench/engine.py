@@ -13,7 +13,14 @@ a request's own length do not count).
 directory with a vLLM server from the vLLM environment (``.venv-vllm``, ``make vllm``;
 ``--vllm-python`` for another), started and warmed up before the clock starts, with
 ``max_num_seqs`` = the batch size and the same thread count, and sends every request at once
-through relayrl's vLLM client (``/inference/v1/generate``, one request per prompt).
+through relayrl's vLLM client (``/inference/v1/generate``, one request per prompt: the
+prompts differ, so none is a group that one request with ``n`` could carry).
+
+What the comparison measures: the built-in side runs in this process (no HTTP, no server
+process), the vLLM side is a server of three processes (API server, engine core, worker)
+reached over HTTP, so the gap is vLLM's per-step cost on CPU plus its HTTP and IPC hops
+between processes sharing the machine's cores. A run's generation, where a group of ``n``
+samples is one request on both engines, is ``relayrl bench async rollout.engine=vllm``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,16 @@ vLLM's wire protocol instead of the SGLang-style one:
   temperature (and top-k/top-p, which relayrl leaves off for exact RL), what the trainer
   recomputes. Each choice carries ``weight_versions`` spans ``[start, end)`` of output
   tokens per weight version; they become the per-token versions. vLLM's initial label
-  ``"default"`` is version 0. No list form: a group's samples are concurrent requests.
+  ``"default"`` is version 0. ``detokenize`` is off: relayrl reads token ids only, and the
+  server's per-step detokenisation took CPU from generation.
+* a group: vLLM has no list form, but a request with ``n`` samples one prompt ``n`` times,
+  sample ``j`` with seed ``seed + j`` (vLLM's parallel sampling). relayrl's request seeds
+  within a group are consecutive (``relayrl.rollout.controller.request_seed``), so a group
+  whose samples share the prompt and every parameter but a seed ``s0 + j`` is exactly one
+  request with ``n`` and seed ``s0`` (:func:`group_request`): the same tokens, logprobs and
+  versions as ``n`` requests, in one HTTP exchange. Any other group goes out as concurrent
+  requests, one per sample, as does a group the server refuses for ``n`` above its
+  ``max_num_seqs``. Samples of a group that come back aborted are resubmitted one by one.
 * publication: ``POST /pause?mode=abort|keep``, ``POST /collective_rpc`` with
   ``relayrl_load_weights`` (relayrl's worker extension, ``relayrl_vllm_ext``: vLLM's
   ``reload_weights`` plus a rebuild of the CPU GEMM handles a tied LM head keeps),
@@ -69,6 +78,7 @@ def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
         "logprobs": 0,
         "ignore_eos": bool(params.get("ignore_eos", False)),
         "skip_special_tokens": False,
+        "detokenize": False,  # token ids in and out: no text, no per-step detokenisation
     }
     if params.get("seed") is not None:
         out["seed"] = int(params["seed"])
@@ -107,9 +117,42 @@ def _int_version(label: str, url: str) -> int:
         ) from None
 
 
+def group_request(
+    input_ids: list[list[int]], params: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The one request with ``n`` that samples exactly this group (module docstring), or
+    None when it is not one: prompts differ, parameters other than the seed differ, or the
+    seeds are not ``s0, s0 + 1, ...`` (or all unset)."""
+    first, seeds = params[0], [p.get("seed") for p in params]
+    if any(ids != input_ids[0] for ids in input_ids[1:]):
+        return None
+    if any({**p, "seed": None} != {**first, "seed": None} for p in params[1:]):
+        return None
+    if seeds[0] is None:
+        if any(s is not None for s in seeds):
+            return None
+    elif any(s is None or int(s) != int(seeds[0]) + j for j, s in enumerate(seeds)):
+        return None
+    sampling = vllm_sampling_params(first) | {"n": len(params)}
+    return {"token_ids": [int(t) for t in input_ids[0]], "sampling_params": sampling}
+
+
 def parse_vllm_generation(url: str, data: dict[str, Any]) -> Generation:
-    """Turn a ``/inference/v1/generate`` answer into a :class:`Generation`."""
-    choice = data["choices"][0]
+    """Turn a ``/inference/v1/generate`` answer of one sample into a :class:`Generation`."""
+    return parse_vllm_choice(url, data["choices"][0], data)
+
+
+def parse_vllm_group(url: str, data: dict[str, Any], n: int) -> list[Generation]:
+    """The ``n`` samples of a group's answer (:func:`group_request`), in sample order
+    (choice ``index`` ``j`` is the sample seeded ``s0 + j``)."""
+    choices = sorted(data.get("choices") or [], key=lambda c: int(c.get("index", -1)))
+    if [int(c.get("index", -1)) for c in choices] != list(range(n)):
+        raise RolloutServerError(url, f"a group of {n} came back with {len(choices)} choices")
+    return [parse_vllm_choice(url, choice, data) for choice in choices]
+
+
+def parse_vllm_choice(url: str, choice: dict[str, Any], data: dict[str, Any]) -> Generation:
+    """One choice of a ``/inference/v1/generate`` answer as a :class:`Generation`."""
     ids = [int(t) for t in choice.get("token_ids") or []]
     content = (choice.get("logprobs") or {}).get("content") or []
     logprobs = [float(c["logprob"]) for c in content]
@@ -146,6 +189,7 @@ class VLLMClient(RolloutClient):
         super().__init__(*args, **kwargs)
         self._paused_by_us = False
         self._loaded: dict[str, str | None] = {}  # URL -> checksum its last load reported
+        self._refused_n = 1 << 30  # the smallest group a server refused as one request
 
     # ------------------------------------------------------------------ control
     async def server_info(self) -> list[dict[str, Any]]:
@@ -274,7 +318,7 @@ class VLLMClient(RolloutClient):
     # ------------------------------------------------------------------ generation
     PAUSES_TO_LOAD = True  # a load pauses the server around it (relayrl.launch.publication)
     GENERATE_PATH = "/inference/v1/generate"
-    BATCHED_GENERATE = False  # no list form: a group's samples are concurrent requests
+    BATCHED_GENERATE = False  # no list form; a group is one request with n (generate_many)
 
     def generate_body(
         self, input_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
@@ -286,3 +330,45 @@ class VLLMClient(RolloutClient):
 
     def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
         return parse_vllm_generation(url, data)
+
+    async def generate_many(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: list[SamplingParams | dict[str, Any]],
+        key: str | None = None,
+    ) -> list[Generation]:
+        """Generate a group to completion on one server: one request with ``n`` when the
+        group is one (:func:`group_request`), else one request per sample, concurrently.
+        Samples that come back aborted are resubmitted one by one; if the server cannot be
+        reached, every sample goes through :meth:`generate` (its failover)."""
+        if len(input_ids) != len(sampling_params):
+            raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} params")
+        params = [_params_dict(p) for p in sampling_params]
+        body = group_request(input_ids, params) if len(params) > 1 else None
+        if body is None or len(params) >= self._refused_n:
+            return await self._one_per_sample(input_ids, params, key)
+        url = self.server_for(key)
+        try:
+            data = await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
+        except RolloutServerError as exc:
+            if exc.status == 400 and "sampling_params.n" in str(exc):  # n > max_num_seqs
+                self._refused_n = min(self._refused_n, len(params))
+            elif not exc.unreachable or self.recover is None:
+                raise
+            return await self._one_per_sample(input_ids, params, key)
+        firsts = parse_vllm_group(url, data, len(params))
+        return list(
+            await asyncio.gather(
+                *(
+                    self._complete(ids, p, url, first)
+                    for ids, p, first in zip(input_ids, params, firsts, strict=True)
+                )
+            )
+        )
+
+    async def _one_per_sample(
+        self, input_ids: list[list[int]], params: list[dict[str, Any]], key: str | None
+    ) -> list[Generation]:
+        """A group as concurrent requests, one per sample, to the group's server."""
+        pairs = zip(input_ids, params, strict=True)
+        return list(await asyncio.gather(*(self.generate(i, p, key) for i, p in pairs)))

@@ -9,8 +9,10 @@ import pytest
 from relayrl.engine.client import RolloutServerError, ServingInfo
 from relayrl.engine.types import SamplingParams
 from relayrl.engine.vllm_client import (
+    group_request,
     parse_serving_info,
     parse_vllm_generation,
+    parse_vllm_group,
     span_versions,
     vllm_sampling_params,
 )
@@ -45,6 +47,7 @@ def test_sampling_params_map_to_vllm_fields():
         "logprobs": 0,
         "ignore_eos": False,
         "skip_special_tokens": False,
+        "detokenize": False,
         "seed": 3,
         "stop_token_ids": [1],
     }
@@ -76,6 +79,42 @@ def test_an_answer_becomes_a_generation():
     missing = answer([4, 5], [-0.1, -9999.0], [{"version": "2", "start": 0, "end": 2}])
     with pytest.raises(RolloutServerError, match="logprobs missing"):
         parse_vllm_generation(URL, missing)
+
+
+def test_a_group_with_consecutive_seeds_is_one_request_with_n():
+    """vLLM samples child j of an ``n`` request with seed ``seed + j``: a group sharing the
+    prompt and every parameter, seeded s0, s0+1, ..., is that request; anything else is not."""
+    prompt = [5, 6, 7]
+    group = [SamplingParams(max_new_tokens=9, seed=41 + j).__dict__ for j in range(3)]
+    body = group_request([prompt] * 3, group)
+    assert body == {
+        "token_ids": [5, 6, 7],
+        "sampling_params": vllm_sampling_params(group[0]) | {"n": 3},
+    }
+    assert body["sampling_params"]["seed"] == 41
+    unseeded = [SamplingParams(max_new_tokens=9).__dict__] * 2
+    assert group_request([prompt] * 2, unseeded)["sampling_params"]["n"] == 2
+    assert "seed" not in group_request([prompt] * 2, unseeded)["sampling_params"]
+    for prompts, params in (
+        ([prompt, [5, 6, 8], prompt], group),  # prompts differ
+        ([prompt] * 3, [group[0], group[2], group[1]]),  # seeds not s0 + j
+        ([prompt] * 3, [group[0], group[1], dict(group[2], seed=None)]),
+        ([prompt] * 2, [dict(group[0], seed=None), group[1]]),
+        ([prompt] * 2, [group[0], dict(group[1], temperature=0.5)]),  # params differ
+        ([prompt] * 2, [group[0], dict(group[1], max_new_tokens=8)]),
+    ):
+        assert group_request(prompts, params) is None
+
+
+def test_a_group_answer_becomes_its_samples_in_seed_order():
+    one = answer([4], [-0.5], [{"version": "1", "start": 0, "end": 1}])["choices"][0]
+    two = answer([8, 9], [-0.1, -0.2], [{"version": "1", "start": 0, "end": 2}], "abort")
+    data = {"choices": [dict(two["choices"][0], index=1), dict(one, index=0)], "usage": {}}
+    first, second = parse_vllm_group(URL, data, 2)
+    assert first.output_ids == [4] and first.output_versions == [1]
+    assert second.output_ids == [8, 9] and second.finish_reason == "abort"
+    with pytest.raises(RolloutServerError, match="group of 3 came back with 2 choices"):
+        parse_vllm_group(URL, data, 3)
 
 
 def test_serving_info_from_models_and_weight_info():

@@ -9,6 +9,9 @@ test_vllm_broadcast.py (tests/launch/conftest.py).
   weights: this test fails without relayrl's worker extension);
 * interruption: requests cut by publications at random moments are resubmitted, lose and
   duplicate no token, and every token's logprob is that of the weights its version names;
+  the same for groups sent as one request each;
+* a group is one request (``n``, seeds ``s0 + j``) with exactly the data of one request per
+  sample; a group above the server's ``max_num_seqs`` falls back to one request per sample;
 * bad input: a missing vLLM environment, a Python without vLLM, a port in use, a model
   directory vLLM cannot load: one ``error:`` line naming the cause, non-zero exit, no
   process left behind.
@@ -36,6 +39,7 @@ from relayrl.engine.vllm_client import VLLMClient
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
 from relayrl.models.loading import load_model
+from relayrl.rollout.controller import request_seed
 from tests.launch._vllm import (
     CHECKOUT,
     MAX_LOGPROB_DIFF,
@@ -77,6 +81,31 @@ def key_of(url: str) -> str:
 
 
 KEYS: dict[str, str] = {}
+
+
+class CountingClient(VLLMClient):
+    """A :class:`VLLMClient` that counts the generate requests (HTTP exchanges) it sends."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.generate_requests = 0
+
+    async def _request(self, method, url, path, json=None, generation=False):
+        self.generate_requests += path == self.GENERATE_PATH
+        return await super()._request(method, url, path, json, generation)
+
+
+def group_params(prompt_index: int, n: int, budget: int, temperature: float = 1.0):
+    """A group's sampling parameters as the rollout controller makes them (run seed 3)."""
+    return [
+        SamplingParams(
+            max_new_tokens=budget,
+            temperature=temperature,
+            seed=request_seed(3, prompt_index, j),
+            ignore_eos=True,
+        )
+        for j in range(n)
+    ]
 
 
 async def generate_all(url, batch, params):
@@ -125,6 +154,67 @@ def test_many_seeded_requests_at_once(server):
     params = [SamplingParams(max_new_tokens=4, seed=i, ignore_eos=True) for i in range(96)]
     gens = run(generate_all(url, batch, params))
     assert [len(g.output_ids) for g in gens] == [4] * 96
+
+
+# ------------------------------------------------------------------ groups
+def test_a_group_is_one_request_with_the_data_of_one_request_per_sample(server, policy):
+    """Three groups of 8 (the controller's seeds, consecutive within a group): 3 HTTP
+    requests instead of 24, and every sample's token ids, behaviour logprobs and versions
+    those of its own seeded request."""
+    url, _ = server
+    batch = prompts(3, seed=6)
+    groups = [group_params(i, 8, 24, temperature=0.7) for i in range(len(batch))]
+
+    async def both():
+        async with (
+            CountingClient([url], api_key=key_of(url)) as grouped,
+            CountingClient([url], api_key=key_of(url)) as single,
+        ):
+            many = await asyncio.gather(
+                *(
+                    grouped.generate_many([p] * 8, g, key=f"g{i}")
+                    for i, (p, g) in enumerate(zip(batch, groups, strict=True))
+                )
+            )
+            each = await asyncio.gather(
+                *(single.generate(p, q) for p, g in zip(batch, groups, strict=True) for q in g)
+            )
+            return grouped.generate_requests, many, single.generate_requests, each
+
+    n_grouped, many, n_single, each = run(both())
+    assert (n_grouped, n_single) == (3, 24)
+    flat = [gen for group in many for gen in group]
+    prompts_of = [p for p in batch for _ in range(8)]
+    diff = 0.0
+    for prompt, a, b in zip(prompts_of, flat, each, strict=True):
+        assert a.output_ids == b.output_ids and len(a.output_ids) == 24
+        assert a.output_versions == b.output_versions == [0] * 24
+        assert a.finish_reason == b.finish_reason == "length"
+        got = torch.tensor(a.output_logprobs)
+        diff = max(diff, (got - torch.tensor(b.output_logprobs)).abs().max().item())
+        ref = recompute(policy, prompt, a.output_ids, 0.7)
+        assert (got - ref).abs().max().item() < MAX_LOGPROB_DIFF
+    print(f"grouped vs per-sample: max|dlogp|={diff:.2e}")
+    assert diff < MAX_LOGPROB_DIFF
+    assert len({tuple(g.output_ids) for g in flat}) == len(flat)  # samples differ
+
+
+def test_a_group_above_max_num_seqs_goes_one_request_per_sample(server):
+    """The server runs 16 sequences (vllm_config): a group of 20 is refused as one request
+    and sent as 20; the next group of that size goes per sample at once."""
+    url, _ = server
+    prompt = prompts(1, seed=7)[0]
+
+    async def go():
+        async with CountingClient([url], api_key=key_of(url)) as client:
+            first = await client.generate_many([prompt] * 20, group_params(0, 20, 4), key="a")
+            after_first = client.generate_requests
+            second = await client.generate_many([prompt] * 20, group_params(1, 20, 4), key="b")
+            return first, second, after_first, client.generate_requests - after_first
+
+    first, second, n_first, n_second = run(go())
+    assert (n_first, n_second) == (21, 20)
+    assert [len(g.output_ids) for g in first + second] == [4] * 40
 
 
 # ------------------------------------------------------------------ publication
@@ -190,8 +280,9 @@ def test_published_weights_are_served_exactly_with_their_version(server, policy,
 
 
 # ------------------------------------------------------------------ interruption
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-sample", "grouped"])
 @pytest.mark.parametrize("mode", ["abort", "keep"])
-def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode):
+def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode, grouped):
     """Publications at random moments while 64 requests decode, 16 at a time (the server's
     rollout.max_running_requests). With a single wave of 16, on a lightly loaded machine the
     wave was often done before the first publication (0.05-0.3 s in) and no request was
@@ -199,24 +290,23 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
     exactly its budget (no token lost or duplicated), its versions never go down, some
     requests span versions, and (abort-and-resubmit) each token's logprob is that of the
     weights its version names. ``keep``: the running requests keep their KV across the
-    update (PipelineRL's in-flight update), so only the version tags are checked."""
+    update (PipelineRL's in-flight update), so only the version tags are checked.
+    ``grouped``: the 64 go out as 8 groups of 8, one request each (``generate_many``), whose
+    aborted samples are resubmitted one by one."""
     url, _ = server
     rng = random.Random(5)
     models = {0: policy} | {v: perturbed(policy, seed=100 + v) for v in (1, 2, 3)}
     dirs = {v: publish_dir(m, tmp_path / f"v{v}") for v, m in models.items()}
-    batch = prompts(64, seed=4)
+    batch = [p for p in prompts(8, seed=4) for _ in range(8)] if grouped else prompts(64, seed=4)
     params = [SamplingParams(max_new_tokens=BUDGET, seed=i, ignore_eos=True) for i in range(64)]
 
     async def go():
         async with VLLMClient([url], api_key=key_of(url)) as client:
-            tasks = [
-                asyncio.create_task(client.generate(p, q))
-                for p, q in zip(batch, params, strict=True)
-            ]
+            tasks = submit(client, batch, params, grouped)
             for version in (1, 2, 3):
                 await asyncio.sleep(rng.uniform(0.05, 0.3))
                 await client.update_weights(str(dirs[version]), version, keep_kv=mode == "keep")
-            gens = await asyncio.gather(*tasks)
+            gens = [g for out in await asyncio.gather(*tasks) for g in out]
             await client.update_weights(str(dirs[0]), version=0)
             return gens
 
@@ -239,6 +329,22 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
     assert spanning > 0, "no request was interrupted: publish earlier"
     if mode == "abort":
         assert sum(g.resubmissions for g in gens) >= spanning
+
+
+def submit(client, batch, params, grouped):
+    """Tasks generating ``batch``: one request per prompt, or (``grouped``) groups of 8
+    consecutive prompts (equal ones) and seeds as one request each; each task's result is a
+    list of generations, in ``batch`` order."""
+
+    async def one(prompt, param):
+        return [await client.generate(prompt, param)]
+
+    if not grouped:
+        return [asyncio.create_task(one(p, q)) for p, q in zip(batch, params, strict=True)]
+    return [
+        asyncio.create_task(client.generate_many(batch[i : i + 8], params[i : i + 8]))
+        for i in range(0, len(batch), 8)
+    ]
 
 
 # ------------------------------------------------------------------ bad input
