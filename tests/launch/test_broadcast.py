@@ -45,6 +45,11 @@ from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
 
+# In one pytest process after other modules, the three tests that form a group with a
+# stopped or killed server fail (the servers never join the next group: open, issue 35);
+# alone they pass, so `make test` runs this module in a process of its own
+pytestmark = pytest.mark.isolated
+
 DEADLINE_S = 6.0  # train.broadcast_timeout_s of these tests
 # what a failed publication may take past its deadline (answers, teardown): 3 s idle; the
 # bound holds at load 10 on 2 cores and is still far below a hang (the client's 60 s)

@@ -20,7 +20,10 @@ from relayrl.models.loading import load_model, load_tokenizer
 from tests.engine.test_openai_client import TEMPLATE, WEATHER, template_ids
 from tests.launch._vllm import MAX_LOGPROB_DIFF, needs_vllm, vllm_servers
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+# its own vLLM server (chat template, tool parser): about 50 s, so outside the 15-minute
+# suite; the built-in server's /v1 tests (tests/engine/test_openai_client.py) run there.
+# `pytest -m benchmark` runs these
+pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.benchmark]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,10 @@ def client(templated_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm-openai-logs")
     with vllm_servers(templated_dir, logs, flags, "model.max_context=512") as launcher:
         with openai.OpenAI(
-            base_url=f"{launcher.urls[0]}/v1", api_key="unused", max_retries=0, timeout=120
+            base_url=f"{launcher.urls[0]}/v1",
+            api_key=launcher.spec.api_key,  # the run key: the OpenAI client sends it
+            max_retries=0,
+            timeout=120,
         ) as oai:
             yield oai
 
