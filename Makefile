@@ -45,8 +45,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/relayrl demo
 
 test: $(VENV)/.installed-test $(VLLM_VENV)/.installed
-	$(PY) -m pytest -q -m "not benchmark and not isolated"
-	$(PY) -m pytest -q -m isolated
+	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check relayrl tests
