@@ -7,7 +7,7 @@ test_vllm_broadcast.py (tests/launch/conftest.py).
 * publication: weights saved by the trainer's own ``save_weights`` are served exactly,
   tied LM head included (vLLM's in-place reload alone leaves its CPU GEMM handle on the old
   weights: this test fails without relayrl's worker extension);
-* interruption: requests cut by publications at random moments are resubmitted, lose and
+* interruption: requests cut by publications while they decode are resubmitted, lose and
   duplicate no token, and every token's logprob is that of the weights its version names;
   the same for groups sent as one request each;
 * a group is one request (``n``, seeds ``s0 + j``) with exactly the data of one request per
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -56,6 +55,7 @@ from tests.launch._vllm import (
 
 pytestmark = needs_vllm
 BUDGET = 100  # output tokens per request in the interruption test (prompts <= 16 tokens)
+PUBLICATIONS = 12  # at most, in the interruption test (one after another while it decodes)
 
 
 @pytest.fixture
@@ -283,30 +283,34 @@ def test_published_weights_are_served_exactly_with_their_version(server, policy,
 @pytest.mark.parametrize("grouped", [False, True], ids=["per-sample", "grouped"])
 @pytest.mark.parametrize("mode", ["abort", "keep"])
 def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode, grouped):
-    """Publications at random moments while 64 requests decode, 16 at a time (the server's
-    rollout.max_running_requests). With a single wave of 16, on a lightly loaded machine the
-    wave was often done before the first publication (0.05-0.3 s in) and no request was
-    interrupted (2 of 6 runs failed so, 2026-11-25). Every request ends with
-    exactly its budget (no token lost or duplicated), its versions never go down, some
-    requests span versions, and (abort-and-resubmit) each token's logprob is that of the
-    weights its version names. ``keep``: the running requests keep their KV across the
-    update (PipelineRL's in-flight update), so only the version tags are checked.
+    """Publications one after another, versions 1, 2, ... (at most :data:`PUBLICATIONS`),
+    for as long as 64 requests decode, 16 at a time (the server's rollout.max_running_requests).
+    Paced by the requests, not by the clock: three publications at random moments in the
+    first 0.3 s missed the waves both on a lightly loaded machine (the first wave was done)
+    and on a slow one (all three landed before decoding began; CI, 2026-11-25); vLLM's
+    ``/metrics`` token counter moves in jumps of thousands of tokens, too coarse to pace by.
+    Every request ends with exactly its budget (no token lost or duplicated), its versions
+    never go down, some requests span versions, and (abort-and-resubmit) each token's
+    logprob is that of the weights its version names. ``keep``: the running requests keep
+    their KV across the update (PipelineRL's in-flight update), so only the version tags are
+    checked.
     ``grouped``: the 64 go out as 8 groups of 8, one request each (``generate_many``), whose
     aborted samples are resubmitted one by one."""
     url, _ = server
-    rng = random.Random(5)
-    models = {0: policy} | {v: perturbed(policy, seed=100 + v) for v in (1, 2, 3)}
+    models = {0: policy} | {v: perturbed(policy, seed=100 + v) for v in range(1, PUBLICATIONS + 1)}
     dirs = {v: publish_dir(m, tmp_path / f"v{v}") for v, m in models.items()}
     batch = [p for p in prompts(8, seed=4) for _ in range(8)] if grouped else prompts(64, seed=4)
     params = [SamplingParams(max_new_tokens=BUDGET, seed=i, ignore_eos=True) for i in range(64)]
 
     async def go():
         async with VLLMClient([url], api_key=key_of(url)) as client:
+            # the server's first pause can take ~2 s, long enough for all the waves to end
+            await client.update_weights(str(dirs[0]), 0, keep_kv=mode == "keep")
             tasks = submit(client, batch, params, grouped)
-            for version in (1, 2, 3):
-                # early enough that a group's request is still decoding (8 samples of a
-                # group end together, so the grouped runs finish in fewer, longer waves)
-                await asyncio.sleep(rng.uniform(0.02, 0.12))
+            for version in range(1, PUBLICATIONS + 1):
+                await asyncio.sleep(0.02)
+                if all(task.done() for task in tasks):
+                    break
                 await client.update_weights(str(dirs[version]), version, keep_kv=mode == "keep")
             gens = [g for out in await asyncio.gather(*tasks) for g in out]
             await client.update_weights(str(dirs[0]), version=0)
