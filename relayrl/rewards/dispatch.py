@@ -8,7 +8,11 @@ carries in ``grader`` to a function ``(problem, completion) -> (reward, info)``;
   :func:`relayrl.rewards.math.grade_math_answer`; without them (the synthetic arithmetic
   task) through the strict ``#### N`` rule :func:`relayrl.rewards.math.grade_math`;
 * ``countdown``: the Countdown verifier;
-* ``code``: the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``).
+* ``code``: the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``);
+* ``reasoning_gym``: the answer after ``####`` scored by the reasoning-gym dataset's own
+  ``score_answer`` on the item the problem was made from (:mod:`relayrl.tasks.reasoning_gym`).
+  relayrl's rewards are 0 or 1 (pass@k counts rewards above 0), so the reward is 1 only at
+  reasoning-gym's full score; its own score is in the info (``rg_score``).
 
 Call these from a grading-pool worker (:mod:`relayrl.rewards.pool`): math-verify needs a
 main thread and code runs spawn sandboxes. A grader registered outside relayrl must be
@@ -27,6 +31,7 @@ from typing import Any
 from relayrl.errors import RelayError
 from relayrl.registry import Registry
 from relayrl.rewards.countdown import verify_countdown
+from relayrl.rewards.extract import extract_hash_answer
 from relayrl.rewards.math import MathGradeConfig, grade_math, grade_math_answer
 from relayrl.tasks.base import Problem
 
@@ -67,6 +72,17 @@ def _grade_code(problem: Problem, completion: str) -> tuple[float, dict[str, Any
 
     result = grade_code_problem(completion, problem.meta)
     return float(result.passed), {"status": result.status, "detail": result.detail}
+
+
+@register_grader("reasoning_gym")
+def _grade_reasoning_gym(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    from relayrl.tasks.reasoning_gym import dataset_of, item_of  # reasoning-gym, on use
+
+    answer = extract_hash_answer(completion)
+    rg_score = 0.0
+    if answer is not None:
+        rg_score = float(dataset_of(problem).score_answer(answer, item_of(problem)))
+    return float(rg_score >= 1.0), {"extracted": answer, "rg_score": rg_score}
 
 
 def grade_detail(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:

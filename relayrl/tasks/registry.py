@@ -16,6 +16,7 @@ from relayrl.registry import Registry
 from relayrl.tasks.arithmetic import ArithmeticTask
 from relayrl.tasks.base import SyntheticTask
 from relayrl.tasks.countdown import CountdownTask
+from relayrl.tasks.reasoning_gym import ReasoningGymTask
 from relayrl.tasks.tool_multiply import ToolMultiplyTask
 
 TASKS: Registry[type[SyntheticTask]] = Registry("task", SyntheticTask)
@@ -29,6 +30,7 @@ def register_task(cls: type[SyntheticTask]) -> type[SyntheticTask]:
 register_task(ArithmeticTask)
 register_task(CountdownTask)
 register_task(ToolMultiplyTask)
+register_task(ReasoningGymTask)
 
 
 def make_task(name: str, params: dict[str, Any] | None = None) -> SyntheticTask:
