@@ -46,6 +46,23 @@ def vllm_config(model_dir: Path, *overrides: str):
     return load_config(None, base + list(overrides))
 
 
+# a short run on the tiny model: small batches, no evaluation, checkpoint or final save
+SHORT_RUN = (
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples=2",
+    "rollout.max_new_tokens=16",
+    "algo.dynamic_sampling=false",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+    "train.progress=false",
+    "train.save_final=false",
+    "eval.num_problems=4",
+    "eval.max_new_tokens=16",
+    "runtime.threads=1",
+    "train.trainer_threads=1",
+)
+
+
 def short_run_config(tmp_path: Path, model_dir: Path, url: str, *overrides: str):
     """A two-step run on the vLLM server at ``url`` (external: not launched, not stopped)."""
     return vllm_config(
@@ -53,20 +70,9 @@ def short_run_config(tmp_path: Path, model_dir: Path, url: str, *overrides: str)
         f"output_dir={tmp_path}",
         "name=ext",
         f"rollout.server_urls=[{url}]",
-        "rollout.prompts_per_step=2",
-        "rollout.n_samples=2",
-        "rollout.max_new_tokens=16",
+        *SHORT_RUN,
         "rollout.eta=0",  # step 2 waits for the publication of version 1: it always completes
-        "algo.dynamic_sampling=false",
         "train.total_steps=2",
-        "train.eval_every=0",
-        "train.checkpoint_every=0",
-        "train.progress=false",
-        "train.save_final=false",
-        "eval.num_problems=4",
-        "eval.max_new_tokens=16",
-        "runtime.threads=1",
-        "train.trainer_threads=1",
         *overrides,
     )
 

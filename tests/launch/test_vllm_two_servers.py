@@ -16,7 +16,13 @@ import json
 
 import pytest
 
-from tests.launch._vllm import MAX_LOGPROB_DIFF, MAX_MEAN_K3, needs_vllm, vllm_config
+from tests.launch._vllm import (
+    MAX_LOGPROB_DIFF,
+    MAX_MEAN_K3,
+    SHORT_RUN,
+    needs_vllm,
+    vllm_config,
+)
 
 pytestmark = [needs_vllm, pytest.mark.benchmark]
 STEPS = 30
@@ -31,22 +37,13 @@ def test_two_launched_vllm_servers_at_eta_4_for_30_steps(tmp_path, tiny_model_di
         tiny_model_dir,
         f"output_dir={tmp_path}",
         "name=two",
+        *SHORT_RUN,
         "rollout.num_servers=2",
         f"rollout.eta={ETA}",
         f"train.publish_mode={mode}",
         f"train.total_steps={STEPS}",
         "rollout.prompts_per_step=4",
         "rollout.n_samples=4",
-        "rollout.max_new_tokens=16",
-        "algo.dynamic_sampling=false",
-        "train.eval_every=0",
-        "train.checkpoint_every=0",
-        "train.progress=false",
-        "train.save_final=false",
-        "eval.num_problems=4",
-        "eval.max_new_tokens=16",
-        "runtime.threads=1",
-        "train.trainer_threads=1",
     )
     result = run_train(config)
     run_dir = tmp_path / "two"
