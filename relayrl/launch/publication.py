@@ -27,6 +27,8 @@ The transaction, for publication ``v``:
    were delivered, the canary that the server samples from them (e.g. a load that reached
    the checkpoint tensors but not a tied LM head's cached GEMM handle). The checksum catches
    a one-step-stale server exactly; the canary only a difference above its tolerance.
+   A server the canary cannot reach is restarted by the supervisor (loading this
+   publication) and the canary runs again, as a request fails over.
 
 Every step runs per server under ``min(train.publish_step_timeout_s, what is left of
 train.publish_timeout_s)``; a step past it is *not awaited further* (its task is cancelled
@@ -70,6 +72,7 @@ STEPS = ("snapshot", "pause", "load", "verify", "resume", "canary")
 CANARY_PROMPT = [3, 4, 5, 6, 7, 8, 9, 10]  # token ids: any model's vocabulary has them
 CANARY_TOKENS = 8
 CANARY_SEED = 1234
+CANARY_FAILOVERS = 8  # canary rounds repeated after a server was found unreachable
 
 
 @dataclass(frozen=True)
@@ -396,16 +399,32 @@ class Publication:
     async def _run_canary(self, version: int, reference: torch.nn.Module) -> None:
         """Each server samples :data:`CANARY_TOKENS` tokens after a fixed prompt; their
         logprobs must equal the trainer's under the published weights (``reference``)
-        within the tolerance, and carry ``version``. Under the step deadline."""
+        within the tolerance, and carry ``version``. Under the step deadline.
+
+        A server found unreachable fails over as a request does: the supervisor restarts
+        it (the replacement loads this publication, the newest) and the canary runs again
+        on every server, at most :data:`CANARY_FAILOVERS` times; the supervisor's limit on
+        restarts still ends the run. (Raised as is, a server lost just after the load
+        stopped the run while the supervisor was restarting it.)"""
         start = time.perf_counter()
-        client = self.supervisor.client
-        steps = self.supervisor.steps
-        loop = asyncio.get_running_loop()
-        end = loop.time() + steps.deadlines.step_s
-        calls = {u: self._canary_on(client, u, version, reference) for u in client.urls}
-        await steps._step(end, version, "canary", calls)
+        for failovers in range(CANARY_FAILOVERS + 1):
+            try:
+                await self._canary_round(version, reference)
+                break
+            except RolloutServerError as exc:
+                if not exc.unreachable or failovers == CANARY_FAILOVERS:
+                    raise
+                await self.supervisor.recover(exc.url)
         self.canaries += 1
         self.canary_seconds += time.perf_counter() - start
+
+    async def _canary_round(self, version: int, reference: torch.nn.Module) -> None:
+        """One canary on every current server, under one step deadline."""
+        client = self.supervisor.client
+        steps = self.supervisor.steps
+        end = asyncio.get_running_loop().time() + steps.deadlines.step_s
+        calls = {u: self._canary_on(client, u, version, reference) for u in client.urls}
+        await steps._step(end, version, "canary", calls)
 
     async def _canary_on(
         self, client: Any, url: str, version: int, reference: torch.nn.Module

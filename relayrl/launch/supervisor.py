@@ -178,6 +178,8 @@ class ServerSupervisor:
         self._killed: dict[str, str] = {}  # URL killed by the watchdog -> why
         # what the watchdog saw of each server at its last look (index -> state)
         self.health: dict[int, str] = {}
+        # restarts of each server since the last metrics row (index -> count; row_view)
+        self._restarted: dict[int, int] = {}
         client.recover = self.recover
 
     def stats(self) -> dict[str, float]:
@@ -198,18 +200,33 @@ class ServerSupervisor:
 
     def servers_by_node(self) -> str:
         """``2/2 up`` on one node; per node otherwise: ``10.0.0.1 1/1 up, 10.0.0.2 0/1 up
-        (1 restarting)``: the dashboard's view of the servers."""
+        (1 restarting)``: the dashboard's view of the servers. Restarts since the last
+        :meth:`row_view` are counted too, so a restart begun and done between two rows
+        still shows: ``1/1 up (1 restarted)``."""
         nodes: dict[str, list[str]] = {}
+        restarted: dict[str, int] = {}
         for i in range(len(self.launcher.urls)):
-            nodes.setdefault(self.launcher.node_of(i), []).append(self.server_state(i))
+            node = self.launcher.node_of(i)
+            nodes.setdefault(node, []).append(self.server_state(i))
+            restarted[node] = restarted.get(node, 0) + self._restarted.get(i, 0)
         parts = []
         for node, states in nodes.items():
             text = f"{states.count(UP)}/{len(states)} up"
-            others = sorted({s for s in states if s != UP})
+            others = [f"{states.count(s)} {s}" for s in sorted({s for s in states if s != UP})]
+            if restarted[node]:
+                others.append(f"{restarted[node]} restarted")
             if others:
-                text += " (" + ", ".join(f"{states.count(s)} {s}" for s in others) + ")"
+                text += " (" + ", ".join(others) + ")"
             parts.append(text if len(nodes) == 1 else f"{node} {text}")
         return ", ".join(parts)
+
+    def row_view(self) -> str:
+        """:meth:`servers_by_node` for one metrics row; the restarts it counts are not
+        counted again in the next row's (each row's ``N restarted`` adds up to its rise of
+        ``server_restarts``)."""
+        view = self.servers_by_node()
+        self._restarted.clear()
+        return view
 
     # ------------------------------------------------------------------ weights
     async def publish(
@@ -334,6 +351,7 @@ class ServerSupervisor:
                     )
                 )
             self.restarts += 1
+            self._restarted[i] = self._restarted.get(i, 0) + 1
             note = f"restarting it ({self.restarts}/{self.max_restarts})"
             print(self.launcher.describe(i, reason, note), file=sys.stderr, flush=True)
             try:

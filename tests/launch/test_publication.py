@@ -10,16 +10,23 @@ failure is one error naming the server, the step and the version."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from relayrl.config.schema import TrainConfig
-from relayrl.engine.client import RolloutClient, RolloutServerError, WeightsReport
+from relayrl.engine.client import Generation, RolloutClient, RolloutServerError, WeightsReport
 from relayrl.engine.engine import Engine
 from relayrl.engine.weights import weights_checksum
 from relayrl.launch import supervisor as sup
-from relayrl.launch.publication import Canary, Deadlines, Publication, PublicationError
+from relayrl.launch.publication import (
+    Canary,
+    Deadlines,
+    Publication,
+    PublicationError,
+    reference_logprobs,
+)
 from relayrl.launch.publish import DiskPublisher, ModelSource, make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
@@ -296,6 +303,70 @@ def test_the_canary_catches_weights_delivered_but_not_applied(
     assert isinstance(error, PublicationError) and error.step == "canary", error
     assert error.version == 2 and error.servers == launcher.urls
     assert "does not serve the published weights" in str(error)
+
+
+class TinyLM(torch.nn.Module):
+    """A language model small enough for the canary's reference logprobs in a unit test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(16, 4)
+        self.head = torch.nn.Linear(4, 16)
+
+    def forward(self, ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.head(self.embed(ids)))
+
+
+class CanaryClient(FakeClient):
+    """Fake servers that sample the canary from ``model`` with the version they loaded;
+    ``lost_at_canary``: servers that die as the canary reaches them (after the load)."""
+
+    def __init__(self, launcher: FakeLauncher, model: torch.nn.Module) -> None:
+        super().__init__(launcher)
+        self.model = model
+        self.lost_at_canary: set[str] = set()
+        self.canaried: list[str] = []
+
+    async def generate_once(self, input_ids, sampling_params, key=None, url=None) -> Generation:
+        self.canaried.append(url)
+        if url in self.lost_at_canary:
+            self.lost_at_canary.discard(url)
+            self.launcher.dead.add(url)
+        await self._check([url])
+        version = [v for u, _, v in self.loaded if u == url][-1]
+        ids = [(7 * k + 1) % 16 for k in range(sampling_params["max_new_tokens"])]
+        logprobs = reference_logprobs(self.model, list(input_ids), ids)
+        return Generation(ids, logprobs, [version] * len(ids), "length", len(input_ids), url)
+
+
+def test_a_server_lost_before_the_canary_is_restarted_and_the_canary_repeated(tmp_path):
+    """Server 0 dies after loading v1, as the canary reaches it (a Ray node lost just after
+    the load step): the canary's unreachable error fails over like a request's. The
+    supervisor restarts server 0 (the replacement loads v1), the canary runs again on every
+    server and passes, and the publication succeeds; the lost server's error used to stop
+    the run while the supervisor was restarting it."""
+    model = TinyLM()
+    launcher = FakeLauncher(2)
+    client = CanaryClient(launcher, model)
+    client.lost_at_canary.add("http://s0")
+    publisher = DiskPublisher()
+    supervisor = ServerSupervisor(launcher, client, 3, publisher=publisher)
+    listener = Listener()
+    publication = Publication(
+        supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-6)
+    )
+
+    async def main():
+        await publication.submit(ModelSource(model), 1, wait=True)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert listener.failure is None and listener.versions == [1]
+    assert supervisor.restarts == 1 and supervisor.failovers == 1
+    assert client.replaced == [("http://s0", "http://s0-r1")]
+    assert ("http://s0-r1", str(tmp_path / "w" / "v1"), 1) in client.loaded
+    assert client.canaried[-2:] == ["http://s0-r1", "http://s1"]  # the repeated round
+    assert publication.canaries == 1 and publication.canary_max_diff == 0.0
 
 
 class HeldPublisher(DiskPublisher):

@@ -274,7 +274,7 @@ class LiveSource:
         return {
             GEN_TOKENS_PER_S: gen_tokens / max(step_seconds, 1e-9),
             **self.supervisor.stats(),
-            SERVERS: self.supervisor.servers_by_node(),
+            SERVERS: self.supervisor.row_view(),
         }
 
     async def final_metrics(self) -> dict[str, Any]:
