@@ -220,12 +220,9 @@ def test_stop_string_is_cut_from_the_content(oai):
     assert streamed[0]["content"] == text[:cut] and streamed[0]["ids"] == got
 
 
-def _decode(oai, ids):
-    return oai[0].tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def test_tool_conversation_is_rendered_by_the_template(oai, templated):
-    _, client = oai
+def tool_conversation(reply: str) -> tuple[dict, list[dict]]:
+    """A user question, the assistant's call of the weather tool (``content: null``) and
+    the tool's ``reply``: the call and the messages."""
     call = {
         "id": "call_1",
         "type": "function",
@@ -234,8 +231,18 @@ def test_tool_conversation_is_rendered_by_the_template(oai, templated):
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        {"role": "tool", "tool_call_id": "call_1", "content": reply},
     ]
+    return call, messages
+
+
+def _decode(oai, ids):
+    return oai[0].tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_tool_conversation_is_rendered_by_the_template(oai, templated):
+    _, client = oai
+    call, messages = tool_conversation("sunny, 21 C")
     answer = client.chat.completions.create(
         model="tiny", messages=messages, tools=[WEATHER], tool_choice="auto", max_tokens=4, seed=0
     )

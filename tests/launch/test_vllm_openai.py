@@ -9,7 +9,6 @@ about vLLM's ``top_logprobs`` is stated in docs/agents.md."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import openai
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from relayrl.models.loading import load_model, load_tokenizer
-from tests.engine.test_openai_client import TEMPLATE, WEATHER, template_ids
+from tests.engine.test_openai_client import TEMPLATE, WEATHER, template_ids, tool_conversation
 from tests.launch._vllm import MAX_LOGPROB_DIFF, needs_vllm, vllm_servers
 
 # its own vLLM server (chat template, tool parser): about 50 s, so outside the 15-minute
@@ -118,16 +117,7 @@ def test_streaming_matches_the_whole_answer(client):
 
 
 def test_tools_render_and_a_named_tool_choice_calls(client, templated_dir):
-    call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "weather", "arguments": json.dumps({"city": "Paris"})},
-    }
-    messages = [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-    ]
+    _, messages = tool_conversation("sunny")
     answer = client.chat.completions.create(
         model="policy",
         messages=messages,
