@@ -125,7 +125,8 @@ class EvalDataset(Section):
 
     data: str = Field(
         description="task = the run's synthetic task's test split; a known dataset name "
-        "(gsm8k, math500, aime24, aime25, humaneval); a .jsonl/.parquet path; or hub:<name>"
+        "(gsm8k, math500, aime24, aime25, humaneval); a .jsonl/.parquet path; a directory "
+        "datasets' save_to_disk wrote (its test split); or hub:<name>"
     )
     name: str | None = Field(
         None,
@@ -256,8 +257,9 @@ class RolloutConfig(Section):
     )
     dataset: str | None = Field(
         None,
-        description="train prompts from a dataset (known name, .jsonl/.parquet path or "
-        "hub:<name>) instead of the synthetic task's train split",
+        description="train prompts from a dataset (known name, .jsonl/.parquet path, a "
+        "directory datasets' save_to_disk wrote (its train split) or hub:<name>) instead of "
+        "the synthetic task's train split",
     )
     reward_workers: int = Field(1, gt=0, description="grading processes")
     reward_timeout_s: float = Field(10.0, gt=0, description="per-sample grading timeout")

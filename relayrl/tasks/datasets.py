@@ -5,8 +5,10 @@ Sources, in the order :func:`load_problems` tries them:
 1. a known name — ``gsm8k``, ``math500``, ``aime24``, ``aime25``, ``humaneval``,
    ``math_train`` (plus ``gsm8k_train``) — read from a local JSONL file under the data root:
    ``$RELAYRL_DATA`` if set, else ``../shared/data`` next to the repository;
-2. a path to a ``.jsonl`` / ``.parquet`` file whose fields are named by a :class:`FieldMap`;
-   its grader is the one named, else recognised from its rows (:func:`detect_grader`);
+2. a path to a ``.jsonl`` / ``.parquet`` file, or to a directory that
+   ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``: the ``split`` asked
+   for) wrote, whose fields are named by a :class:`FieldMap`; its grader is the one named,
+   else recognised from its rows (:func:`detect_grader`);
 3. ``hub:<name>`` — a Hugging Face hub dataset through ``datasets.load_dataset`` (imported
    only then; for users online).
 
@@ -241,6 +243,8 @@ def load_problems(
             meta_fields=spec.meta_fields,
             dataset=source,
         )
+    elif Path(source).is_dir():
+        problems = _load_saved(Path(source), split, fields or FieldMap(), template, grader, math)
     elif Path(source).suffix in (".jsonl", ".json", ".parquet") or Path(source).exists():
         problems = _load_file(Path(source), fields or FieldMap(), template, grader, math)
     else:
@@ -318,6 +322,38 @@ def _load_file(
         raise RelayError(f"dataset file {path} does not exist")
     rows = _iter_parquet(path) if path.suffix == ".parquet" else iter_jsonl(path)
     return _load_user_rows(rows, str(path), path.stem, fields, template, grader, math)
+
+
+def _load_saved(
+    path: Path,
+    split: str,
+    fields: FieldMap,
+    template: str | None,
+    grader: str | None,
+    math: dict[str, Any] | None,
+) -> list[Problem]:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
+    (then its ``split``), read with ``datasets.load_from_disk``: no network."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise RelayError(
+            f"reading {path} needs the 'datasets' package: pip install datasets"
+        ) from exc
+    try:
+        table = datasets.load_from_disk(str(path))
+    except FileNotFoundError as exc:
+        raise RelayError(
+            f"{path} is a directory but not a saved dataset ({exc}); expected what "
+            "datasets' save_to_disk writes, or a .jsonl / .parquet file"
+        ) from None
+    source = str(path)
+    if isinstance(table, datasets.DatasetDict):
+        if split not in table:
+            raise RelayError(f"{path} has splits {sorted(table)}, not {split!r}")
+        table, source = table[split], f"{path}[{split}]"
+    rows = ((i, dict(row)) for i, row in enumerate(table, 1))
+    return _load_user_rows(rows, source, path.name, fields, template, grader, math)
 
 
 def _load_hub(

@@ -83,3 +83,30 @@ def test_unknown_name_suggests() -> None:
         load_problems("gsm8")
     with pytest.raises(RelayError, match="did you mean 'math500'"):
         load_problems("math-500")
+
+
+def test_a_saved_datasets_directory_loads_its_split(tmp_path: Path) -> None:
+    """What ``datasets``' ``save_to_disk`` wrote (one Dataset, or a DatasetDict and its
+    split) loads like a file, offline; a bad split or a plain directory is one error."""
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    rows = {"id": ["a", "b"], "question": ["1+1?", "2+2?"], "gold": ["2", "4"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "one"))
+    fields = FieldMap(prompt="question", answer="gold")
+    one = load_problems(str(tmp_path / "one"), fields=fields)
+    assert [(p.id, p.answer, p.grader) for p in one] == [("a", "2", "math"), ("b", "4", "math")]
+
+    train = datasets.Dataset.from_dict({"id": ["t"], "question": ["3+3?"], "gold": ["6"]})
+    test = datasets.Dataset.from_dict({"id": ["s"], "question": ["4+4?"], "gold": ["8"]})
+    datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "two"))
+    assert [p.id for p in load_problems(str(tmp_path / "two"), fields=fields)] == ["s"]
+    assert [p.id for p in load_problems(str(tmp_path / "two"), fields=fields, split="train")] == [
+        "t"
+    ]
+    with pytest.raises(RelayError, match=r"two has splits \['test', 'train'\], not 'validation'"):
+        load_problems(str(tmp_path / "two"), fields=fields, split="validation")
+    with pytest.raises(RelayError, match=r"two\[test\]:1: cannot tell which grader"):
+        load_problems(str(tmp_path / "two"))  # the default field names
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(RelayError, match="plain is a directory but not a saved dataset"):
+        load_problems(str(tmp_path / "plain"))
