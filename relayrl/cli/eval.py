@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task-seed", type=int, default=0, help="seed of a synthetic task's problems"
     )
+    parser.add_argument(
+        "--system-prompt",
+        default=None,
+        metavar="TEXT",
+        help="a system message before every prompt, as model.system_prompt (default: --config's)",
+    )
     parser.add_argument("--n", type=int, default=1, help="samples per problem (K)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -111,6 +117,13 @@ def _task_params(text: str | None) -> dict:
     if not isinstance(params, dict):
         raise RelayError(f"--task-params: expected a mapping like '{{max_steps: 3}}', got {text!r}")
     return params
+
+
+def _system_prompt(args: argparse.Namespace, config) -> str | None:
+    """``--system-prompt``, else the ``--config``'s ``model.system_prompt``."""
+    if args.system_prompt is not None:
+        return args.system_prompt or None
+    return config.model.system_prompt if config is not None else None
 
 
 def _run_config(args: argparse.Namespace):
@@ -239,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 grader=pool_grader(pool),
                 progress=True,
+                system_prompt=_system_prompt(args, config),
             )
         except (RolloutServerError, WeightsChanged) as exc:  # servers only
             raise RelayError(f"evaluation failed: {exc}") from exc

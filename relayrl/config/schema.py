@@ -87,6 +87,12 @@ class ModelConfig(Section):
     lora: LoraConfig | None = Field(
         None, description="LoRA adapters (RL and SFT, docs/lora.md); null = full fine-tuning"
     )
+    system_prompt: str | None = Field(
+        None,
+        description="a system message before every prompt in SFT, RL and evaluation: the "
+        "chat template's system turn (a template that refuses one is an error), without a "
+        "template a first paragraph",
+    )
 
 
 class SFTConfig(Section):

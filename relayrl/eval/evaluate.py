@@ -141,8 +141,10 @@ def evaluate(
     seed: int = 0,
     grader: BatchGrader = in_process_grader,
     progress: bool = False,
+    system_prompt: str | None = None,
 ) -> EvalReport:
-    """Generate ``cfg.n_samples`` completions per problem on ``engine`` and grade them.
+    """Generate ``cfg.n_samples`` completions per problem on ``engine`` and grade them
+    (prompts encoded with ``system_prompt``, the run's ``model.system_prompt``).
 
     A prompt longer than the engine's context is not generated; its samples count as wrong
     and are reported in ``too_long``.
@@ -150,7 +152,7 @@ def evaluate(
     n = cfg.n_samples
     prompts, params = [], []
     for i, problem in enumerate(problems):
-        ids = encode_prompt(tokenizer, problem.prompt)
+        ids = encode_prompt(tokenizer, problem.prompt, system_prompt)
         for j in range(n):
             prompts.append(ids)
             params.append(

@@ -87,13 +87,27 @@ def quiet_libraries() -> None:
 PLAIN_TEMPLATE = "{prompt}\n"
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
+def encode_prompt(tokenizer, prompt: str, system_prompt: str | None = None) -> list[int]:
     """Token ids for a user prompt: the chat template when the tokenizer has one, otherwise
-    the plain template (the prompt and a newline, after which the completion starts)."""
+    the plain template (the prompt and a newline, after which the completion starts).
+    ``system_prompt`` (``model.system_prompt``): a system message before the prompt, the
+    template's system turn; without a template, a first paragraph."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": prompt})
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja's TemplateError: raise_exception() in the template
+            if not system_prompt:
+                raise
+            raise RelayError(
+                f"model.system_prompt: the tokenizer's chat template refuses a system "
+                f"message ({exc}); unset it or put the instructions in the prompt template"
+            ) from exc
         return tokenizer(text, add_special_tokens=False)["input_ids"]
+    if system_prompt:
+        prompt = f"{system_prompt}\n\n{prompt}"
     text = PLAIN_TEMPLATE.format(prompt=prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

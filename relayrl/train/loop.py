@@ -81,7 +81,12 @@ class BatchSource(Protocol):
 
 
 def evaluate_model(
-    model, tokenizer, problems: list[Problem], cfg: EvalConfig, seed: int
+    model,
+    tokenizer,
+    problems: list[Problem],
+    cfg: EvalConfig,
+    seed: int,
+    system_prompt: str | None = None,
 ) -> EvalReport:
     """Held-out pass@1 of ``model`` with the built-in engine (in this process)."""
     from relayrl.engine.engine import Engine
@@ -90,7 +95,7 @@ def evaluate_model(
     was_training = model.training
     engine = Engine(model, tokenizer)
     try:
-        return evaluate(engine, tokenizer, problems, cfg, seed=seed)
+        return evaluate(engine, tokenizer, problems, cfg, seed=seed, system_prompt=system_prompt)
     finally:
         model.train(was_training)
 
@@ -144,8 +149,9 @@ class TrainingLoop:
         extra: dict[str, Any] = {}
         if self.evaluator is None:
             model, seed = self.trainer.model, self.config.seed
+            system = self.config.model.system_prompt
             report = await asyncio.to_thread(
-                evaluate_model, model, self.tokenizer, problems, cfg, seed
+                evaluate_model, model, self.tokenizer, problems, cfg, seed, system
             )
             report.weight_version = self.trainer.version  # the engine over it reports 0
         else:

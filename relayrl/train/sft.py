@@ -42,12 +42,12 @@ def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], 
 
 
 def encode_segments(
-    tokenizer, prompt: str, segments: list[tuple[str, bool]]
+    tokenizer, prompt: str, segments: list[tuple[str, bool]], system_prompt: str | None = None
 ) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a multi-turn demonstration: each segment encoded on its own
     (as an episode encodes each turn and observation), the prompt and the segments not
     written by the model (observations) masked, EOS appended as the model's."""
-    ids = encode_prompt(tokenizer, prompt)
+    ids = encode_prompt(tokenizer, prompt, system_prompt)
     labels = [IGNORE_INDEX] * len(ids)
     for text, trained in segments:
         part = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -108,8 +108,10 @@ class DemonstrationStream:
         wrong_fraction: float,
         seed: int,
         group_batches: int = 16,
+        system_prompt: str | None = None,
     ):
         self.task, self.problems, self.tokenizer = task, problems, tokenizer
+        self.system_prompt = system_prompt
         self.wrong_fraction = wrong_fraction
         self.group_batches = group_batches
         self.rng = random.Random(seed)
@@ -123,7 +125,7 @@ class DemonstrationStream:
         problem = self.problems[self.order.pop()]
         wrong = self.rng.random() < self.wrong_fraction
         segments = self.task.demonstration_segments(problem, self.rng, wrong)
-        return encode_segments(self.tokenizer, problem.prompt, segments)
+        return encode_segments(self.tokenizer, problem.prompt, segments, self.system_prompt)
 
     def next_batch(self, size: int) -> list[tuple[list[int], list[int]]]:
         if not self.ready:
@@ -145,7 +147,14 @@ def train_sft(
     sft = config.sft
     torch.manual_seed(config.seed)
     problems = task.problems("train", config.task.train_size, config.task.seed)
-    stream = DemonstrationStream(task, problems, tokenizer, sft.wrong_fraction, config.seed)
+    stream = DemonstrationStream(
+        task,
+        problems,
+        tokenizer,
+        sft.wrong_fraction,
+        config.seed,
+        system_prompt=config.model.system_prompt,
+    )
     if config.model.lora is not None:
         model = apply_lora(model, config.model.lora)
     optimizer = torch.optim.AdamW(
@@ -229,7 +238,14 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
         device=config.model.device, max_running_requests=256, max_seq_len=config.model.max_context
     )
     with Engine(model, tokenizer, options) as engine:
-        report = evaluate(engine, tokenizer, problems, config.eval, seed=config.seed)
+        report = evaluate(
+            engine,
+            tokenizer,
+            problems,
+            config.eval,
+            seed=config.seed,
+            system_prompt=config.model.system_prompt,
+        )
     with open(run_dir / "sft_eval.jsonl", "w") as f:
         for row in report.per_problem:
             f.write(json.dumps(row) + "\n")

@@ -235,11 +235,11 @@ class LiveSource:
         await self.publication.servers_to_trainer()
         published = time.perf_counter() - start
         loop = asyncio.get_running_loop()
-        tokenizer = self.setup.tokenizer
+        tokenizer, system = self.setup.tokenizer, self.setup.config.model.system_prompt
 
         def run() -> EvalReport:  # in a worker thread: the requests go to this loop
             with RemoteEngine.sharing(self.client, loop) as engine:
-                return evaluate(engine, tokenizer, problems, cfg, seed=seed)
+                return evaluate(engine, tokenizer, problems, cfg, seed=seed, system_prompt=system)
 
         try:
             report = await asyncio.to_thread(run)

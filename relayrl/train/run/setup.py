@@ -125,7 +125,7 @@ class RunSetup:
     def encode(self, problem: Problem) -> list[int]:
         from relayrl.models.loading import encode_prompt
 
-        return encode_prompt(self.tokenizer, problem.prompt)
+        return encode_prompt(self.tokenizer, problem.prompt, self.config.model.system_prompt)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
