@@ -14,7 +14,6 @@ import pytest
 
 from relayrl.bench.trl import (
     LONGTAIL,
-    Settings,
     SideResult,
     choose_target,
     parse_sides,
@@ -25,6 +24,7 @@ from relayrl.bench.trl import (
 )
 from relayrl.bench.trl_target import compare, fixed_target
 from relayrl.errors import RelayError
+from tests.bench._settings import TINY
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -73,16 +73,7 @@ def test_parse_sides():
 
 
 def test_write_outputs(tmp_path):
-    s = Settings(
-        steps=2,
-        prompts_per_step=2,
-        n_samples=2,
-        max_new_tokens=8,
-        eval_every=1,
-        eval_problems=4,
-        eval_max_new_tokens=8,
-        target=0.5,
-    )
+    s = replace(TINY, target=0.5)
     results = [
         SideResult("relayrl_async", [(0, 0.0, 0.25), (2, 1.0, 0.75)], 1.0, 8, 100.0, seed=0),
         SideResult("trl", [(0, 0.0, 0.25), (2, 3.0, 0.5)], 3.0, 8, 80.0, seed=0),

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.bench.trl import Settings, _trl_side, run_config
+from relayrl.bench.trl import _trl_side, run_config
+from tests.bench._settings import TINY
 
 trl = pytest.importorskip("trl", reason="TRL is the `bench` extra (pip install -e .[bench])")
-
-TINY = Settings(
-    steps=2,
-    prompts_per_step=2,
-    n_samples=2,
-    max_new_tokens=8,
-    eval_every=1,
-    eval_problems=4,
-    eval_max_new_tokens=8,
-)
 
 
 def test_the_trl_side_trains_with_relayrls_settings(tiny_model_dir, tmp_path, monkeypatch):
