@@ -18,16 +18,16 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.launch._ray_namespace import Cluster, namespace_cluster
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0
@@ -40,66 +40,6 @@ ray = pytest.importorskip("ray")
 RAY = str(Path(sys.executable).with_name("ray"))
 PORT = 6380  # inside the fresh namespace every port is free
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "async.yaml"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Cluster:
-    """A two-node Ray cluster inside the network namespace of process ``holder``."""
-
-    holder: subprocess.Popen
-    namespace: str = ""  # its /proc/PID/ns/net link, read once the cluster is up
-
-    def command(self, script: str) -> list[str]:
-        return ["nsenter", "-t", str(self.holder.pid), "-n", "bash", "-c", script]
-
-    def run(self, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("RAY_ADDRESS", None)
-        return subprocess.run(
-            self.command(script), capture_output=True, text=True, timeout=timeout, env=env
-        )
-
-    def popen(self, script: str) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("RAY_ADDRESS", None)
-        return subprocess.Popen(
-            self.command(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env,
-        )  # fmt: skip
-
-    def pids(self) -> list[int]:
-        """Every process in the namespace (the holder, Ray's daemons and workers, runs)."""
-        if not self.namespace:
-            return []
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.readlink(entry / "ns" / "net") == self.namespace:
-                        found.append(int(entry.name))
-        return found
-
-    def stop(self) -> None:
-        """SIGTERM every process in the namespace, SIGKILL what is left after 5 s."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + 5
-            while any(map(alive, pids)) and time.monotonic() < deadline:
-                self.holder.poll()  # reap our own child
-                time.sleep(0.1)
-        self.holder.wait(timeout=5)
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def cluster_script(temp: Path) -> str:
@@ -124,29 +64,8 @@ def cluster_script(temp: Path) -> str:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     temp = Path(tempfile.mkdtemp(prefix="rr-ray-", dir="/tmp"))
-    log = temp / "cluster.log"  # a file: Ray's daemons inherit it and outlive the script
-    with open(log, "w") as out:
-        holder = subprocess.Popen(
-            ["unshare", "--net", "bash", "-c", cluster_script(temp)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    handle = Cluster(holder)
-    try:
-        deadline = time.monotonic() + 180
-        ours = os.readlink("/proc/self/ns/net")
-        while "ready" not in log.read_text().splitlines():
-            with contextlib.suppress(OSError):
-                theirs = os.readlink(f"/proc/{holder.pid}/ns/net")
-                handle.namespace = theirs if theirs != ours else ""
-            if holder.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray cluster did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
+    with namespace_cluster(cluster_script(temp), temp) as handle:
         yield handle
-    finally:
-        handle.stop()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def train_args(model_dir: Path, out: Path, *overrides: str) -> list[str]:

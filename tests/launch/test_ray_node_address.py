@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +27,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs root, unshare, nsenter and ip for a private network namespace",
 )
 ray = pytest.importorskip("ray")
-from tests.launch.test_ray_launcher import Cluster  # noqa: E402
+from tests.launch._ray_namespace import Cluster, namespace_cluster  # noqa: E402
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_IP = "10.77.0.1"
@@ -51,28 +49,8 @@ def node_cluster() -> Iterator[Cluster]:
         exec sleep infinity
         """
     )
-    log = temp / "cluster.log"
-    with open(log, "w") as out:
-        holder = subprocess.Popen(
-            ["unshare", "--net", "bash", "-c", script],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    handle = Cluster(holder)
-    try:
-        deadline = time.monotonic() + 180
-        ours = os.readlink("/proc/self/ns/net")
-        while "ready" not in log.read_text().splitlines():
-            theirs = os.readlink(f"/proc/{holder.pid}/ns/net")
-            handle.namespace = theirs if theirs != ours else ""
-            if holder.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray cluster did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
+    with namespace_cluster(script, temp) as handle:
         yield handle
-    finally:
-        handle.stop()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 LAUNCH = """
