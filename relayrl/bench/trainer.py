@@ -13,6 +13,13 @@ latency (``save_weights``: gather the full state dict on rank 0, write safetenso
 The ideal speed-up at N ranks from the measured times is ``T_1 / (T_1 / N + comm_N)``: the
 world-size-1 step split perfectly over N ranks plus the communication measured at N. The
 last line is ``trainer_scaling_<N>=X.XX`` for the largest N: tokens/s at N over tokens/s at 1.
+
+``--lora``: full fine-tuning against LoRA (``model.lora``, r = 8 on every linear layer) at
+world size 1, on the ``small`` and ``medium`` presets (``--quick``: ``tiny``), the same
+batches for both. Each side runs in a fresh spawned process, so its peak RSS (the process's
+``ru_maxrss``: weights, gradients, optimizer state, activations) is its own. The last line is
+``trainer_lora_vs_full_<preset>=X.XX``: LoRA's tokens/s over full fine-tuning's, for the
+largest preset.
 """
 
 from __future__ import annotations
@@ -73,14 +80,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=None, help="groups per step (8; quick 4)")
     parser.add_argument("--max-len", type=int, default=64, help="longest completion (tokens)")
     parser.add_argument("--micro-batch-tokens", type=int, default=512)
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="LoRA (r=8, all linear layers) vs full fine-tuning at world size 1 on the small "
+        "and medium presets (quick: tiny): tokens/s and peak RSS, each side in its own process",
+    )
 
 
-def _config(model_dir: Path, out: Path, world_size: int, steps: int, mbt: int):
+LORA = "model.lora={r: 8, alpha: 16}"
+
+
+def _config(
+    model_dir: Path, out: Path, world_size: int, steps: int, mbt: int, extra: tuple[str, ...] = ()
+):
     from relayrl.config.loader import load_config
 
     return load_config(
         None,
         [
+            *extra,
             f"output_dir={out}",
             f"name=ws{world_size}",
             f"model.path={model_dir}",
@@ -104,15 +123,23 @@ def comm_seconds(prof) -> float:
     return total
 
 
-def measure(model_dir: Path, out: Path, world_size: int, args: argparse.Namespace) -> dict:
-    """Train the fixed batches at ``world_size``; times, communication and publication."""
+def measure(
+    model_dir: Path,
+    out: Path,
+    world_size: int,
+    args: argparse.Namespace,
+    extra: tuple[str, ...] = (),
+) -> dict:
+    """Train the fixed batches at ``world_size`` (``extra``: more config overrides); times,
+    communication and publication."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from relayrl.models.loading import load_model, load_tokenizer
     from relayrl.train.distributed import TrainerGroup, make_trainer
 
-    config = _config(model_dir, out, world_size, args.steps + 1, args.micro_batch_tokens)
+    mbt = args.micro_batch_tokens
+    config = _config(model_dir, out, world_size, args.steps + 1, mbt, extra)
     (out / config.name).mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(model_dir)
     torch.manual_seed(0)
@@ -144,20 +171,76 @@ def measure(model_dir: Path, out: Path, world_size: int, args: argparse.Namespac
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-
+def _model_dir(tmp: Path, preset: str) -> Path:
     from relayrl.models.build import create_model_dir
     from relayrl.tasks.registry import make_task
 
-    sizes = [int(s) for s in args.world_sizes.split(",")]
-    args.preset = args.preset or ("tiny" if args.quick else "small")
+    model_dir = tmp / f"model-{preset}"
+    create_model_dir(model_dir, make_task("arithmetic"), preset, seed=0, corpus_size=500)
+    return model_dir
+
+
+def _measure_in_child(
+    model_dir: Path, out: Path, args: argparse.Namespace, extra: tuple[str, ...]
+) -> dict:
+    """:func:`measure` at world size 1 in this (spawned) process, plus its peak RSS."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(1)
+    row = measure(model_dir, out, 1, args, extra)
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
+def run_lora(args: argparse.Namespace) -> int:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    presets = [args.preset] if args.preset else (["tiny"] if args.quick else ["small", "medium"])
+    ratio = 0.0
+    print(
+        f"trainer bench, LoRA vs full: steps={args.steps} groups={args.groups}x4 "
+        f"max_len={args.max_len} micro_batch_tokens={args.micro_batch_tokens}, world size 1, "
+        "1 thread, each side in its own process"
+    )
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-trainer-") as tmp:
+        for preset in presets:
+            model_dir = _model_dir(Path(tmp), preset)
+            rows = {}
+            for side, extra in (("full", ()), ("lora", (LORA,))):
+                spawn = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(1, mp_context=spawn) as child:
+                    out = Path(tmp) / f"{preset}-{side}"
+                    rows[side] = child.submit(
+                        _measure_in_child, model_dir, out, args, extra
+                    ).result()
+            for side, r in rows.items():
+                print(
+                    f"preset={preset} {side}: tokens/s={r['tokens_per_s']:.0f} "
+                    f"step_s={r['step_s']:.3f} peak_rss_mb={r['peak_rss_mb']:.0f} "
+                    f"publish_s={r['publish_s']:.3f}"
+                )
+            ratio = rows["lora"]["tokens_per_s"] / rows["full"]["tokens_per_s"]
+            rss = rows["lora"]["peak_rss_mb"] / rows["full"]["peak_rss_mb"]
+            print(f"preset={preset}: lora/full tokens/s {ratio:.2f}, peak RSS {rss:.2f}")
+    print(f"trainer_lora_vs_full_{presets[-1]}={ratio:.2f}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
     args.steps = args.steps or (2 if args.quick else 5)
     args.groups = args.groups or (4 if args.quick else 8)
+    if args.lora:
+        return run_lora(args)
+    sizes = [int(s) for s in args.world_sizes.split(",")]
+    args.preset = args.preset or ("tiny" if args.quick else "small")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-trainer-") as tmp:
-        model_dir = Path(tmp) / "model"
-        create_model_dir(model_dir, make_task("arithmetic"), args.preset, seed=0, corpus_size=500)
+        model_dir = _model_dir(Path(tmp), args.preset)
         rows = [measure(model_dir, Path(tmp), n, args) for n in sizes]
     base = next((r for r in rows if r["world_size"] == 1), rows[0])
     print(
