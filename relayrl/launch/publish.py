@@ -396,8 +396,8 @@ class BroadcastPublisher(WeightPublisher):
             )
         except BaseException:
             # this side may still be joining (its thread cannot be cancelled) or have joined
-            # while a server failed: the group is left either way, its store closed, so a
-            # server that answers the stale request late fails at the store, fast (WireGroup.close)
+            # while a server failed: the group is left either way and its store closed, so a
+            # server that answers the stale request late fails at the store (WireGroup.close)
             with handover:
                 given_up.set()
                 late = joined.pop("group", None)
