@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import itertools
 import threading
 import time
 import uuid
@@ -37,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
 from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol
-from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name
+from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name, join_in_own_thread
 from relayrl.engine.types import GenerationResult, PauseMode, SamplingParams
 from relayrl.errors import RelayError
 
@@ -430,7 +431,9 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         }
 
     app.state.transfer = None  # the weight-transfer group joined, if any
-    transfer_lock = asyncio.Lock()  # one join or broadcast update at a time
+    app.state.transfer_order = -1  # the arrival number of the join request that formed it
+    join_order = itertools.count()
+    transfer_lock = asyncio.Lock()  # one broadcast update at a time; groups swap between them
 
     @app.post("/init_weights_update_group")
     async def init_group(body: InitGroupIn):
@@ -444,24 +447,32 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             return _error(
                 400, f"rank_offset: {body.rank_offset} is not below world_size {body.world_size}"
             )
-        async with transfer_lock:
-            old, app.state.transfer = app.state.transfer, None
-            if old is not None:
-                old.close()
-            try:
-                group = await asyncio.to_thread(
-                    TransferGroup.join,
-                    body.master_address,
-                    body.master_port,
-                    body.rank_offset,
-                    body.world_size,
-                    body.group_name,
-                    body.timeout_s,
-                    api_key,
+        # joins are not serialized: one for a group its trainer already gave up (a server
+        # resumed after SIGSTOP answers the stale request first) can wait in gloo for several
+        # times its timeout, and the trainer's next group must not wait behind it
+        order = next(join_order)
+        try:
+            group = await join_in_own_thread(
+                body.master_address,
+                body.master_port,
+                body.rank_offset,
+                body.world_size,
+                body.group_name,
+                body.timeout_s,
+                api_key,
+            )
+        except RelayError as exc:
+            return _error(504, f"init_weights_update_group: {exc}")
+        async with transfer_lock:  # never swapped under a broadcast being received
+            if order < app.state.transfer_order:  # a later request's group is already in
+                group.close()
+                return _error(
+                    409, f"group_name: {body.group_name!r} was superseded by a later join"
                 )
-            except RelayError as exc:
-                return _error(504, f"init_weights_update_group: {exc}")
-            app.state.transfer = group
+            old, app.state.transfer = app.state.transfer, group
+            app.state.transfer_order = order
+        if old is not None:
+            old.close()
         return {"success": True, "message": f"joined {body.group_name!r} as rank {group.rank}"}
 
     @app.post("/update_weights_from_distributed")

@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -361,11 +362,18 @@ class BroadcastPublisher(WeightPublisher):
         port = free_port()
         world_size = len(urls) + 1
         joined: dict[str, TransferGroup] = {}
+        given_up = threading.Event()
+        handover = threading.Lock()
 
         def host() -> None:
-            joined["group"] = TransferGroup.join(
+            group = TransferGroup.join(
                 address, port, 0, world_size, name, self.timeout_s, client.api_key
             )
+            with handover:
+                if given_up.is_set():  # joined after the deadline: nobody will use it
+                    group.close()
+                else:
+                    joined["group"] = group
 
         calls = {
             url: client.init_weights_update_group(
@@ -382,9 +390,20 @@ class BroadcastPublisher(WeightPublisher):
             )
             for rank, url in enumerate(urls, start=1)
         }
-        await self._all_or_fail(
-            calls, asyncio.to_thread(host), f"weight-transfer group {name!r}", "join"
-        )
+        try:
+            await self._all_or_fail(
+                calls, asyncio.to_thread(host), f"weight-transfer group {name!r}", "join"
+            )
+        except BaseException:
+            # this side may still be joining (its thread cannot be cancelled) or have joined
+            # while a server failed: the group is left either way and its store closed, so a
+            # server that answers the stale request late fails at the store (WireGroup.close)
+            with handover:
+                given_up.set()
+                late = joined.pop("group", None)
+            if late is not None:
+                late.close()
+            raise
         self.group, self._members = joined["group"], urls
         return self.group
 

@@ -1,10 +1,13 @@
 """The weight-transfer group (``relayrl.engine.transfer``) in one process: bucket layout by
 hand, a broadcast round trip of mixed dtypes that leaves torch.distributed's default group
-alone (and works beside one), a join that no peer answers failing within its timeout, dtype
-names, and the config that takes the broadcast transport for either engine."""
+alone (and works beside one), a join that no peer answers failing within its timeout, a group
+that failed to form or was left no longer listening on rank 0 (a server that answers the stale
+join late must fail at the store, not wait in gloo), dtype names, and the config that takes the
+broadcast transport for either engine."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -71,6 +74,40 @@ def test_a_join_no_peer_answers_fails_within_its_timeout():
     with pytest.raises(RelayError, match=r"'relayrl-w7': rank 0 of 2 could not join .* 1s"):
         TransferGroup.join("127.0.0.1", free_port(), 0, 2, "relayrl-w7", 1.0)
     assert time.monotonic() - start < 10
+
+
+def listening(port: int) -> bool:
+    """Whether anything accepts TCP connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+def test_a_group_that_failed_to_form_or_was_left_no_longer_listens():
+    """Rank 0's store is released the moment its group fails to form (even while the error,
+    whose traceback holds the join's frame, is kept, as a failed publication keeps it) or is
+    left: a server that answers the abandoned group's join late then fails at the store within
+    its timeout, instead of reading the departed ranks' addresses there and waiting in gloo's
+    connect for several times the timeout (which held the server's next join past its
+    deadline: tests/launch/test_broadcast.py)."""
+    port = free_port()
+    with pytest.raises(RelayError, match="rank 0 of 2 could not join") as failure:
+        TransferGroup.join("127.0.0.1", port, 0, 2, "relayrl-w1", 1.0)
+    assert failure.value.__traceback__ is not None and not listening(port)
+
+    port, joined = free_port(), {}
+    thread = threading.Thread(
+        target=lambda: joined.update(m=TransferGroup.join("127.0.0.1", port, 1, 2, "w2", 20.0))
+    )
+    thread.start()
+    host = TransferGroup.join("127.0.0.1", port, 0, 2, "w2", 20.0)
+    thread.join(30)
+    assert listening(port)
+    host.close()
+    joined["m"].close()
+    assert not listening(port)
 
 
 def test_broadcast_transport_is_accepted_for_both_engines():

@@ -142,7 +142,7 @@ class WireGroup:
     rank: int
     world_size: int
     timeout_s: float
-    _store: dist.Store = field(repr=False)
+    _store: dist.Store | None = field(repr=False)
     _pg: dist.ProcessGroupGloo | None = field(repr=False)
 
     @classmethod
@@ -162,6 +162,7 @@ class WireGroup:
         member) the group's keys in the store live under a name derived from it
         (:func:`store_prefix`), which a process without the secret cannot guess."""
         timeout = datetime.timedelta(seconds=timeout_s)
+        store: dist.TCPStore | None = None
         try:
             listen_fd = listening_socket(master_address, master_port) if rank == 0 else None
             store = dist.TCPStore(
@@ -173,9 +174,13 @@ class WireGroup:
                 wait_for_workers=False,
                 **({"master_listen_fd": listen_fd} if listen_fd is not None else {}),
             )
-            prefixed = dist.PrefixStore(store_prefix(name, secret), store)
-            pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            pg = dist.ProcessGroupGloo(
+                dist.PrefixStore(store_prefix(name, secret), store), rank, world_size, timeout
+            )
         except (RuntimeError, OSError, dist.DistError) as exc:
+            # the error's traceback keeps this frame alive: drop the store from it, so that
+            # rank 0 stops listening now (see :meth:`close`), not when the error is collected
+            store = None
             raise cls.error(
                 f"weight-transfer group {name!r}: rank {rank} of {world_size} could not join "
                 f"via {master_address}:{master_port} within {timeout_s:g}s: {exc}"
@@ -208,8 +213,13 @@ class WireGroup:
         return state
 
     def close(self) -> None:
-        """Leave the group: a collective still waiting on any rank ends with an error."""
-        pg, self._pg = self._pg, None
+        """Leave the group: a collective still waiting on any rank ends with an error, and
+        rank 0's store stops listening. A group left (or never formed) must not keep its
+        rendezvous open: a member that joins it late (a server that was stopped while the
+        group formed, answering the stale request once resumed) would read the departed
+        ranks' addresses there and wait in gloo's connect for about five times ``timeout_s``
+        (30 s at 6 s), where a closed store fails its connect retries instead."""
+        pg, self._pg, self._store = self._pg, None, None
         if pg is not None:
             try:
                 pg.abort()
