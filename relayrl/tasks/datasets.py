@@ -222,8 +222,9 @@ def load_problems(
     ``answer``); ``math`` overrides extraction settings (see ``MathGradeConfig``);
     ``limit`` keeps the first N problems.
     """
+    user = RowFormat(fields or FieldMap(), template, grader, math)  # a user file's rows
     if source.startswith("hub:"):
-        problems = _load_hub(source[4:], split, fields or FieldMap(), template, grader, math)
+        problems = _load_hub(source[4:], split, user)
     elif source in DATASETS:
         spec = DATASETS[source]
         path = dataset_path(source, data_root)
@@ -244,9 +245,9 @@ def load_problems(
             dataset=source,
         )
     elif Path(source).is_dir():
-        problems = _load_saved(Path(source), split, fields or FieldMap(), template, grader, math)
+        problems = _load_saved(Path(source), split, user)
     elif Path(source).suffix in (".jsonl", ".json", ".parquet") or Path(source).exists():
-        problems = _load_file(Path(source), fields or FieldMap(), template, grader, math)
+        problems = _load_file(Path(source), user)
     else:
         _spec(source)  # raises with a suggestion
         raise AssertionError("unreachable")
@@ -289,57 +290,58 @@ def _user_rows(
     return rows, grader
 
 
+@dataclass(frozen=True)
+class RowFormat:
+    """How a user's rows become problems: the field names, the prompt template and the
+    grader (None: detected from the rows) and math settings (None: the grader's default)."""
+
+    fields: FieldMap
+    template: str | None = None
+    grader: str | None = None
+    math: dict[str, Any] | None = None
+
+
 def _load_user_rows(
-    rows: Iterable[tuple[int, dict[str, Any]]],
-    source: str,
-    dataset: str,
-    fields: FieldMap,
-    template: str | None,
-    grader: str | None,
-    math: dict[str, Any] | None,
+    rows: Iterable[tuple[int, dict[str, Any]]], source: str, dataset: str, fmt: RowFormat
 ) -> list[Problem]:
-    rows, grader = _user_rows(rows, source, fields, grader)
+    rows, grader = _user_rows(rows, source, fmt.fields, fmt.grader)
+    math = fmt.math if fmt.math is not None else (_BOXED_FIRST if grader == "math" else None)
     return rows_to_problems(
         rows,
         source,
-        fields=fields,
-        template=template or PLAIN_TEMPLATE,
+        fields=fmt.fields,
+        template=fmt.template or PLAIN_TEMPLATE,
         grader=grader,
-        math=math if math is not None else (_BOXED_FIRST if grader == "math" else None),
+        math=math,
         meta_fields=META_FIELDS.get(grader, ()),
         dataset=dataset,
     )
 
 
-def _load_file(
-    path: Path,
-    fields: FieldMap,
-    template: str | None,
-    grader: str | None,
-    math: dict[str, Any] | None,
-) -> list[Problem]:
+def _load_file(path: Path, fmt: RowFormat) -> list[Problem]:
     if not path.is_file():
         raise RelayError(f"dataset file {path} does not exist")
     rows = _iter_parquet(path) if path.suffix == ".parquet" else iter_jsonl(path)
-    return _load_user_rows(rows, str(path), path.stem, fields, template, grader, math)
+    return _load_user_rows(rows, str(path), path.stem, fmt)
 
 
-def _load_saved(
-    path: Path,
-    split: str,
-    fields: FieldMap,
-    template: str | None,
-    grader: str | None,
-    math: dict[str, Any] | None,
-) -> list[Problem]:
-    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
-    (then its ``split``), read with ``datasets.load_from_disk``: no network."""
+def _datasets_package(what: str) -> Any:
+    """The optional ``datasets`` package, or an error saying ``what`` needs it."""
     try:
         import datasets
     except ImportError as exc:
-        raise RelayError(
-            f"reading {path} needs the 'datasets' package: pip install datasets"
-        ) from exc
+        raise RelayError(f"{what} needs the 'datasets' package: pip install datasets") from exc
+    return datasets
+
+
+def _table_rows(table: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    return ((i, dict(row)) for i, row in enumerate(table, 1))
+
+
+def _load_saved(path: Path, split: str, fmt: RowFormat) -> list[Problem]:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
+    (then its ``split``), read with ``datasets.load_from_disk``: no network."""
+    datasets = _datasets_package(f"reading {path}")
     try:
         table = datasets.load_from_disk(str(path))
     except FileNotFoundError as exc:
@@ -352,25 +354,13 @@ def _load_saved(
         if split not in table:
             raise RelayError(f"{path} has splits {sorted(table)}, not {split!r}")
         table, source = table[split], f"{path}[{split}]"
-    rows = ((i, dict(row)) for i, row in enumerate(table, 1))
-    return _load_user_rows(rows, source, path.name, fields, template, grader, math)
+    return _load_user_rows(_table_rows(table), source, path.name, fmt)
 
 
-def _load_hub(
-    name: str,
-    split: str,
-    fields: FieldMap,
-    template: str | None,
-    grader: str | None,
-    math: dict[str, Any] | None,
-) -> list[Problem]:
-    try:
-        import datasets  # optional dependency, for users online
-    except ImportError as exc:
-        raise RelayError(f"hub:{name} needs the 'datasets' package: pip install datasets") from exc
+def _load_hub(name: str, split: str, fmt: RowFormat) -> list[Problem]:
+    datasets = _datasets_package(f"hub:{name}")  # for users online
     try:
         table = datasets.load_dataset(name, split=split)
     except Exception as exc:  # network, missing dataset, bad split: all user-facing
         raise RelayError(f"could not load hub dataset {name!r} split {split!r}: {exc}") from exc
-    rows = ((i, dict(row)) for i, row in enumerate(table, 1))
-    return _load_user_rows(rows, f"hub:{name}[{split}]", name, fields, template, grader, math)
+    return _load_user_rows(_table_rows(table), f"hub:{name}[{split}]", name, fmt)
