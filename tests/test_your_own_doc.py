@@ -40,7 +40,7 @@ def test_every_block_of_the_page_runs(tmp_path):
     blocks = doc_blocks()
     files = [b for kind, b in blocks if kind != "bash"]
     assert all(b.startswith("# file: ") for b in files), "a code block without # file: NAME"
-    assert sum(kind == "bash" for kind, _ in blocks) == 3
+    assert sum(kind == "bash" for kind, _ in blocks) == 4
     output = ""
     for kind, block in blocks:
         if kind == "bash":
@@ -51,7 +51,8 @@ def test_every_block_of_the_page_runs(tmp_path):
             name, body = block.split("\n", 1)
             (tmp_path / name.removeprefix("# file: ").strip()).write_text(body)
     assert output.count("final_pass@1=") == 2
-    assert output.count("pass@1=") >= 4  # two evals and two runs
+    assert output.count("pass@1=") >= 5  # three evals and two runs
+    assert "dataset: chain_sum" in output  # the reasoning_gym task's config
     assert "unknown task 'sumz' (did you mean 'sums'?)" in output
     for run in ("mine", "plugged"):
         assert (tmp_path / "runs" / run / "metrics.jsonl").is_file()
