@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from relayrl.report.logs import read_jsonl
 from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
 
@@ -43,7 +44,7 @@ def test_darl_preset_end_to_end(tmp_path, tiny_model_dir):
         "optim.lr=1e-3",
     )
     run_train(config, grader=parity_grader)
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     steps = [r for r in rows if "train_tokens" in r]
     assert len(steps) == 4
     fresh = config.rollout.prompts_per_step * config.rollout.n_samples

@@ -14,12 +14,21 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+# a test module's mark: the namespace needs root and these tools
+needs_namespace = pytest.mark.skipif(
+    os.geteuid() != 0 or any(shutil.which(tool) is None for tool in ("unshare", "nsenter", "ip")),
+    reason="needs root, unshare, nsenter and ip for a private network namespace",
+)
 
 
 @dataclass

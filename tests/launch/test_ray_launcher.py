@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -27,17 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch._ray_namespace import Cluster, namespace_cluster
+from relayrl.report.logs import read_jsonl
+from tests.launch._ray_namespace import RAY, Cluster, namespace_cluster, needs_namespace
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or shutil.which("unshare") is None
-    or shutil.which("nsenter") is None
-    or shutil.which("ip") is None,
-    reason="needs root, unshare, nsenter and ip for a loopback-only network namespace",
-)
+pytestmark = needs_namespace
 ray = pytest.importorskip("ray")
-RAY = str(Path(sys.executable).with_name("ray"))
 PORT = 6380  # inside the fresh namespace every port is free
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "async.yaml"
 
@@ -395,10 +388,6 @@ def driver_pid(cluster: Cluster) -> int:
             if argv[0].endswith(b"python") and b"relayrl.cli" in argv and b"train" in argv:
                 return pid
     raise AssertionError("no relayrl train process in the namespace")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_killed_worker_raylet_is_survived_on_the_other_node(cluster, tiny_model_dir, tmp_path):

@@ -9,8 +9,6 @@ builds its two-node one; the launcher runs inside the namespace."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -19,17 +17,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or shutil.which("unshare") is None
-    or shutil.which("nsenter") is None
-    or shutil.which("ip") is None,
-    reason="needs root, unshare, nsenter and ip for a private network namespace",
-)
-ray = pytest.importorskip("ray")
-from tests.launch._ray_namespace import Cluster, namespace_cluster  # noqa: E402
+from tests.launch._ray_namespace import RAY, Cluster, namespace_cluster, needs_namespace
 
-RAY = str(Path(sys.executable).with_name("ray"))
+pytestmark = needs_namespace
+ray = pytest.importorskip("ray")
+
+
 NODE_IP = "10.77.0.1"
 PORT = 6381
 

@@ -3,11 +3,11 @@ REINFORCE++'s per-token advantages on stale batches (lag emulation, η = 2), and
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
+from relayrl.report.logs import read_jsonl
 from relayrl.train.run import run_train
 from relayrl.train.run.recorded import load_recorded_steps
 from tests.train.conftest import parity_grader, rl_config
@@ -37,7 +37,7 @@ def test_objective_trains_on_stale_batches(tmp_path, tiny_model_dir, overrides):
         *overrides,
     )
     run_train(config, grader=parity_grader)
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     steps = [r for r in rows if "grad_norm" in r]
     assert len(steps) == 3
     assert all(math.isfinite(r["grad_norm"]) for r in steps)
