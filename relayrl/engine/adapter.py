@@ -9,7 +9,8 @@ server, so both hold bit-identical merged weights), :func:`merged_named` (a mode
 with an adapter merged, for the checksum) and :class:`AdapterBase` (merge-into-a-copy: a
 server keeps the pristine base weight of every module an adapter touches, and each adapter
 publication sets W = W_base + scale · B·A from it, so the base never drifts and an adapter
-replaces the previous one instead of adding to it).
+replaces the previous one instead of adding to it), and :func:`peft_dir` (an adapter snapshot
+as a standard PEFT adapter directory, content-addressed, which vLLM's dynamic LoRA loads).
 
 Imports: relayrl.engine.weights, relayrl.errors, safetensors, torch.
 """
@@ -36,8 +37,10 @@ __all__ = [
     "merge_weight",
     "merged_checksum",
     "merged_named",
+    "peft_dir",
     "read_adapter",
     "write_adapter",
+    "write_peft_dir",
 ]
 
 
@@ -171,3 +174,64 @@ def load_partial(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
+
+
+PEFT_PREFIX = "base_model.model."  # peft's prefix of the base model's module names
+PEFT_SUBDIR = "peft-"  # + the adapter file's digest: a snapshot's PEFT directory
+
+
+def write_peft_dir(adapter: Adapter, directory: Path) -> Path:
+    """Write ``adapter`` as a standard PEFT LoRA directory (``adapter_config.json`` and
+    ``adapter_model.safetensors``, as ``peft.PeftModel.save_pretrained`` writes them) in
+    ``directory``; ``lora_alpha`` is ``scale · r``, so a loader's ``lora_alpha / r`` is the
+    scale. RelayError when the modules' ranks differ (one ``r`` per PEFT directory)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    ranks = {a.shape[0] for a, _ in adapter.pairs.values()}
+    if len(ranks) != 1:
+        raise RelayError(f"an adapter's modules must share one rank to be a PEFT directory: {ranks}")
+    rank = ranks.pop()
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": float(adapter.scale) * rank,
+        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in adapter.pairs}),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "task_type": None,
+        "inference_mode": True,
+    }
+    tensors: dict[str, torch.Tensor] = {}
+    for module, (a, b) in adapter.pairs.items():
+        tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.detach().to("cpu").contiguous()
+        tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.detach().to("cpu").contiguous()
+    tmp = directory.with_name(directory.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(tmp / "adapter_model.safetensors"))
+    tmp.replace(directory)  # whole or absent: a reader never sees half a directory
+    return directory
+
+
+def peft_dir(snapshot: str | Path) -> Path:
+    """The PEFT directory of the adapter snapshot in ``snapshot``, written on first use:
+    ``<snapshot>/peft-<digest>``, named after the adapter file's content, so a server that
+    keys its caches by the adapter's path (vLLM's prefix cache does) never mistakes one
+    adapter for another, even when a later run reuses the version's directory."""
+    import hashlib
+
+    file = Path(snapshot) / ADAPTER_FILE
+    try:
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise RelayError(f"cannot read adapter snapshot {str(file)!r}: {exc}") from exc
+    directory = Path(snapshot) / (PEFT_SUBDIR + digest)
+    if not directory.is_dir():
+        write_peft_dir(read_adapter(snapshot), directory)
+    return directory

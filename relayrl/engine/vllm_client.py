@@ -37,8 +37,16 @@ vLLM's wire protocol instead of the SGLang-style one:
   wrapped as a disk load is: pause, receive and load, set the version, resume. The extension
   reports a failure in its result (``success: false``), which becomes a
   :class:`RolloutServerError` naming the server.
+* LoRA (``model.lora``, docs/lora.md "vLLM"): an adapter snapshot is served as vLLM's dynamic
+  LoRA adapter, the base weights untouched: its PEFT directory
+  (``relayrl.engine.adapter.peft_dir``) is loaded with ``POST /v1/load_lora_adapter``
+  (``load_inplace``) under the one name :data:`ADAPTER_NAME`, which every generate request
+  names from then on (``model``). In place under one name, an adapter publication is
+  exactly a weight publication: the same pause, label and resume, and a request kept
+  through it (``keep``) continues under the new adapter, as under new weights. The load is
+  checked by ``/v1/models`` listing the adapter with this snapshot's directory.
 
-Imports: relayrl.engine.client, relayrl.engine.types.
+Imports: relayrl.engine.adapter, relayrl.engine.client, relayrl.engine.types.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from relayrl.engine.adapter import is_adapter_snapshot, peft_dir
 from relayrl.engine.client import (
     Generation,
     RolloutClient,
@@ -61,6 +70,7 @@ from relayrl.engine.types import SamplingParams
 LOAD_METHOD = "relayrl_load_weights"
 JOIN_METHOD = "relayrl_join_group"
 RECEIVE_METHOD = "relayrl_receive_weights"
+ADAPTER_NAME = "policy-lora"  # the served LoRA adapter's name (loaded in place each time)
 # vLLM's pause modes for the built-in engine's: abort-and-resubmit, or keep running requests
 PAUSE_MODES = {"abort": "abort", "retract": "abort", "in_place": "keep", "keep": "keep"}
 MISSING_LOGPROB = -9999.0  # vLLM's sentinel for a token absent from its logprob map
@@ -190,6 +200,7 @@ class VLLMClient(RolloutClient):
         self._paused_by_us = False
         self._loaded: dict[str, str | None] = {}  # URL -> checksum its last load reported
         self._refused_n = 1 << 30  # the smallest group a server refused as one request
+        self.adapter: str | None = None  # the LoRA adapter requests name (None: the base)
 
     # ------------------------------------------------------------------ control
     async def server_info(self) -> list[dict[str, Any]]:
@@ -239,12 +250,47 @@ class VLLMClient(RolloutClient):
         """On paused servers ``urls``: load ``model_path``, then label new tokens
         ``version``; each server's worker-extension result of the load (with the checksum
         of what it loaded), in ``urls`` order."""
-        kwargs = {"weights_path": str(model_path)}
-        results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
+        if is_adapter_snapshot(model_path):
+            path = str(await asyncio.to_thread(peft_dir, model_path))
+            results = await asyncio.gather(*(self._load_adapter(u, path) for u in urls))
+            self.adapter = ADAPTER_NAME
+        else:
+            kwargs = {"weights_path": str(model_path)}
+            results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
+            self.adapter = None  # full weights: served as they are
         for url, result in zip(urls, results, strict=True):
             self._loaded[url] = result.get("checksum")
         await self._tag(version, urls)
         return list(results)
+
+    async def _load_adapter(self, url: str, path: str) -> dict[str, Any]:
+        """Load the PEFT directory ``path`` on the server at ``url`` as :data:`ADAPTER_NAME`
+        (replacing the one before), then check that the server lists it from ``path``."""
+        body = {"lora_name": ADAPTER_NAME, "lora_path": path, "load_inplace": True}
+        try:
+            await self._request("POST", url, "/v1/load_lora_adapter", body)
+        except ValueError:  # a 200 with vLLM's plain-text "Success: ..." (not JSON)
+            pass
+        except RolloutServerError as exc:
+            if exc.status == 404 and "load_lora_adapter" in str(exc):
+                raise RolloutServerError(
+                    url,
+                    "it serves no dynamic LoRA adapters: start vLLM with --enable-lora "
+                    "--max-loras N --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                    "(the launcher does for model.lora; docs/lora.md)",
+                    exc.status,
+                ) from exc
+            raise
+        models = await self._request("GET", url, "/v1/models")
+        cards = models.get("data") if isinstance(models, dict) else None
+        roots = [c.get("root") for c in cards or [] if c.get("id") == ADAPTER_NAME]
+        if roots != [path]:
+            raise RolloutServerError(
+                url, f"the LoRA adapter {ADAPTER_NAME!r} is listed from {roots}, not {path}", 200
+            )
+        # vLLM packs q/k/v and folds the scale into B: no checksum comparable with the
+        # trainer's merged weights; the canary checks what the adapter serves
+        return {"success": True, "adapter": path, "checksum": None}
 
     async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
@@ -323,10 +369,16 @@ class VLLMClient(RolloutClient):
     def generate_body(
         self, input_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
     ) -> dict[str, Any]:
-        return {
-            "token_ids": [int(t) for t in input_ids],
-            "sampling_params": vllm_sampling_params(_params_dict(sampling_params)),
-        }
+        return self._with_adapter(
+            {
+                "token_ids": [int(t) for t in input_ids],
+                "sampling_params": vllm_sampling_params(_params_dict(sampling_params)),
+            }
+        )
+
+    def _with_adapter(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` naming the served LoRA adapter, if one is loaded (else the base model)."""
+        return body | {"model": self.adapter} if self.adapter else body
 
     def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
         return parse_vllm_generation(url, data)
@@ -347,6 +399,7 @@ class VLLMClient(RolloutClient):
         body = group_request(input_ids, params) if len(params) > 1 else None
         if body is None or len(params) >= self._refused_n:
             return await self._one_per_sample(input_ids, params, key)
+        body = self._with_adapter(body)
         url = self.server_for(key)
         try:
             data = await self._request("POST", url, self.GENERATE_PATH, body, generation=True)

@@ -209,6 +209,10 @@ class VLLMBackend(RolloutBackend):
             # in-flight publication keeps KV across versions by design; a prefix cache
             # would also hand old-version KV to *new* requests
             prefix_caching=cfg.train.publish_mode != "inflight",
+            # model.lora: adapters served by vLLM (one at a time now; η + 1 slots leave room
+            # for the last η + 1 behaviour versions, docs/lora.md "vLLM")
+            lora_rank=cfg.model.lora.r if cfg.model.lora is not None else None,
+            max_loras=cfg.rollout.eta + 1,
         )
 
     def client_class(self) -> type[RolloutClient]:

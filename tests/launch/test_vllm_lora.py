@@ -1,0 +1,189 @@
+"""LoRA on the vLLM backend (docs/lora.md "vLLM"): vLLM's CPU build serves dynamic LoRA
+adapters, so an adapter publication is the adapter only, loaded in place as vLLM's LoRA
+adapter with the base weights untouched.
+
+* the PEFT directory relayrl writes for an adapter snapshot is what ``peft`` loads: the same
+  logits as the trainer's LoRA model (no vLLM needed);
+* the launcher starts vLLM with its LoRA flags for ``model.lora``;
+* against a REAL vLLM server (started once for this module with ``model.lora``): adapter
+  publications pass verify and the canary, the server's behaviour logprobs under the
+  adapter equal the trainer's LoRA model's, and base requests still see the base; a client
+  that loads the adapter but never names it in its requests (the adapter not applied, as in
+  verl#7495) fails the canary naming the server and the version;
+* ``relayrl train ... model.lora.r=8 rollout.engine=vllm`` at η = 2 trains, every
+  publication adapter-only and verified, engine-vs-trainer KL at vLLM's tolerance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from relayrl.config.schema import LoraConfig, TrainConfig
+from relayrl.engine.adapter import (
+    ADAPTER_FILE,
+    AdapterBase,
+    load_partial,
+    peft_dir,
+    read_adapter,
+)
+from relayrl.engine.vllm_client import ADAPTER_NAME, VLLMClient
+from relayrl.launch.backends import make_backend
+from relayrl.launch.publication import Canary, Publication, PublicationError
+from relayrl.launch.publish import make_publisher
+from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.models.loading import load_model
+from tests.launch._vllm import (
+    MAX_LOGPROB_DIFF,
+    MAX_MEAN_K3,
+    needs_vllm,
+    prompts,
+    recompute,
+    short_run_config,
+    vllm_config,
+    vllm_servers,
+)
+from tests.launch.test_adapter_publication import LoraSource
+from tests.launch.test_publication import Listener
+
+LORA = ("model.lora.r=4", "model.lora.alpha=8")
+
+
+def test_the_peft_directory_is_what_peft_loads(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    source = LoraSource(tiny_model_dir, seed=5)
+    snapshot = source.save_weights(tmp_path / "v1")
+    directory = peft_dir(snapshot)
+    assert directory.parent == snapshot and directory.name.startswith("peft-")
+    assert peft_dir(snapshot) == directory  # written once, content-addressed
+    config = json.loads((directory / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0  # alpha / r = the scale, 2
+    loaded = PeftModel.from_pretrained(load_model(tiny_model_dir), str(directory)).eval()
+    ids = torch.tensor([prompts(1, seed=0)[0]])
+    with torch.no_grad():
+        expected, got = source.model.eval()(ids).logits, loaded(ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(load_model(tiny_model_dir)(ids).logits, expected, atol=1e-3)
+    (snapshot / ADAPTER_FILE).write_bytes(b"")  # another adapter: another directory
+    with pytest.raises(Exception, match="adapter snapshot"):
+        peft_dir(snapshot)
+
+
+def test_the_launcher_starts_vllm_with_its_lora_flags(tiny_model_dir):
+    config = vllm_config(tiny_model_dir, "model.lora.r=12", "rollout.eta=2")
+    spec = make_backend(config, tiny_model_dir).server_spec()
+    spec.api_key = "k"
+    cmd = spec.command(8000)
+    at = cmd.index("--enable-lora")
+    assert cmd[at : at + 5] == ["--enable-lora", "--max-loras", "3", "--max-lora-rank", "16"]
+    assert spec.environment(0)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = make_backend(vllm_config(tiny_model_dir), tiny_model_dir).server_spec()
+    plain.api_key = "k"
+    assert "--enable-lora" not in plain.command(8000)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.environment(0)
+
+
+@pytest.fixture(scope="module")
+def lora_server(tiny_model_dir, tmp_path_factory):
+    """A vLLM server over the tiny model serving LoRA adapters (``model.lora``)."""
+    with vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("vllm-lora"), *LORA) as launcher:
+        yield launcher
+
+
+def publish_two(launcher, tiny_model_dir, tmp_path, listener):
+    """Two adapter publications through the publication transaction (verify, and the canary
+    at tolerance 1e-4 on both); the canaries, their largest |Δ| and the client's adapter."""
+    publisher = make_publisher(TrainConfig(weight_transport="disk"))
+    key = launcher.spec.api_key
+
+    async def main():
+        async with VLLMClient(launcher.urls, timeout=120, api_key=key) as client:
+            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
+            canary = Canary(every=1, tolerance=1e-4)
+            publication = Publication(supervisor, publisher, tmp_path / "w", listener, canary)
+            for version in (1, 2):
+                await publication.submit(LoraSource(tiny_model_dir, version), version, wait=True)
+                if listener.failure is not None:
+                    break
+            return publication.canaries, publication.canary_max_diff, client.adapter
+
+    return asyncio.run(main())
+
+
+async def sample(client, prompt, seed, adapter):
+    client.adapter = adapter
+    params = {"max_new_tokens": 12, "temperature": 1.0, "seed": seed, "ignore_eos": True}
+    return await client.generate(prompt, params)
+
+
+@needs_vllm
+def test_adapter_publications_are_served_exactly(lora_server, tiny_model_dir, tmp_path):
+    listener = Listener()
+    canaries, max_diff, adapter = publish_two(lora_server, tiny_model_dir, tmp_path, listener)
+    assert listener.failure is None and listener.versions == [1, 2]
+    assert canaries == 2 and max_diff < 1e-4, max_diff
+    assert adapter == ADAPTER_NAME
+    snapshot = tmp_path / "w" / "v2"
+    assert read_adapter(snapshot).pairs  # adapter-only: no full weights were written
+    assert not list(snapshot.glob("model*.safetensors"))
+
+    base = load_model(tiny_model_dir).eval()
+    trained = load_model(tiny_model_dir).eval()  # the base with v2's adapter merged
+    load_partial(trained, AdapterBase().merged_state(trained, read_adapter(snapshot)))
+
+    async def main():
+        key = lora_server.spec.api_key
+        async with VLLMClient(lora_server.urls, timeout=120, api_key=key) as client:
+            outs = []
+            for i, prompt in enumerate(prompts(4, seed=1)):
+                outs.append((prompt, await sample(client, prompt, i, ADAPTER_NAME), trained))
+                outs.append((prompt, await sample(client, prompt, i, None), base))
+            return outs
+
+    for prompt, out, model in asyncio.run(main()):
+        assert out.output_versions == [2] * len(out.output_ids)
+        expected = recompute(model, prompt, out.output_ids, 1.0)
+        diff = (torch.tensor(out.output_logprobs) - expected).abs().max().item()
+        assert diff < MAX_LOGPROB_DIFF, diff
+
+
+@needs_vllm
+def test_an_adapter_not_applied_fails_the_canary(lora_server, tiny_model_dir, tmp_path, monkeypatch):
+    """The server loads the adapter, but requests never name it: they sample the base."""
+    monkeypatch.setattr(VLLMClient, "_with_adapter", lambda self, body: body)
+    listener = Listener()
+    publish_two(lora_server, tiny_model_dir, tmp_path, listener)
+    assert listener.versions == []
+    error = listener.failure
+    assert isinstance(error, PublicationError) and error.step == "canary", error
+    assert error.version == 1 and error.servers == lora_server.urls
+    assert "it serves the base model, not the published LoRA adapter" in str(error)
+
+
+@needs_vllm
+def test_lora_rl_on_vllm_at_eta_2(lora_server, tmp_path, tiny_model_dir):
+    """`relayrl train configs/async.yaml model.lora.r=8 rollout.engine=vllm` (the tiny model,
+    the short run's sizes, η = 2, 4 steps): trained, each publication adapter-only,
+    verified and canaried, engine-vs-trainer KL at vLLM's tolerance."""
+    from relayrl.train.run import run_train
+
+    url, key = lora_server.urls[0], lora_server.spec.api_key
+    overrides = ["rollout.eta=2", "train.total_steps=4", "train.publish_canary_every=1"]
+    overrides += [f"rollout.api_key={key}", "model.lora.r=8", "algo.loss=decoupled"]
+    overrides += ["train.publish_every=1"]
+    config = short_run_config(tmp_path, tiny_model_dir, url, *overrides)
+    assert config.model.lora == LoraConfig(r=8)
+    result = run_train(config)
+    rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if not r.get("final")]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert result.summary["publications"] >= 2
+    assert result.summary["publish_canaries"] >= 2
+    assert result.summary["publish_canary_max_logprob_diff"] < MAX_LOGPROB_DIFF
+    kl = [r["engine_trainer_kl_k3"] for r in steps if "engine_trainer_kl_k3" in r]
+    assert kl and all(k < MAX_MEAN_K3 for k in kl), kl
+    print("engine_trainer_kl_k3", kl, "canary", result.summary["publish_canary_max_logprob_diff"])
