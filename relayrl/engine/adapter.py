@@ -191,7 +191,9 @@ def write_peft_dir(adapter: Adapter, directory: Path) -> Path:
 
     ranks = {a.shape[0] for a, _ in adapter.pairs.values()}
     if len(ranks) != 1:
-        raise RelayError(f"an adapter's modules must share one rank to be a PEFT directory: {ranks}")
+        raise RelayError(
+            f"an adapter's modules must share one rank to be a PEFT directory: {ranks}"
+        )
     rank = ranks.pop()
     config = {
         "peft_type": "LORA",

@@ -157,9 +157,7 @@ def vllm_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise RelayError(
-        f"model.lora.r={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}"
-    )
+    raise RelayError(f"model.lora.r={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
 def vllm_version(python: str) -> str | None:
