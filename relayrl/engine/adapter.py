@@ -12,7 +12,7 @@ publication sets W = W_base + scale · B·A from it, so the base never drifts an
 replaces the previous one instead of adding to it), and :func:`peft_dir` (an adapter snapshot
 as a standard PEFT adapter directory, content-addressed, which vLLM's dynamic LoRA loads).
 
-Imports: relayrl.engine.weights, relayrl.errors, safetensors, torch.
+Imports: relayrl.engine.weights, relayrl.engine.wire, relayrl.errors, safetensors, torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from relayrl.engine.weights import weights_checksum
+from relayrl.engine.wire.relayrl_peft_wire import write_peft
 from relayrl.errors import RelayError
 
 ADAPTER_FILE = "relayrl_adapter.safetensors"
@@ -176,49 +177,17 @@ def load_partial(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
             params[name].copy_(tensor)
 
 
-PEFT_PREFIX = "base_model.model."  # peft's prefix of the base model's module names
 PEFT_SUBDIR = "peft-"  # + the adapter file's digest: a snapshot's PEFT directory
 
 
 def write_peft_dir(adapter: Adapter, directory: Path) -> Path:
-    """Write ``adapter`` as a standard PEFT LoRA directory (``adapter_config.json`` and
-    ``adapter_model.safetensors``, as ``peft.PeftModel.save_pretrained`` writes them) in
-    ``directory``; ``lora_alpha`` is ``scale · r``, so a loader's ``lora_alpha / r`` is the
-    scale. RelayError when the modules' ranks differ (one ``r`` per PEFT directory)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    ranks = {a.shape[0] for a, _ in adapter.pairs.values()}
-    if len(ranks) != 1:
-        raise RelayError(
-            f"an adapter's modules must share one rank to be a PEFT directory: {ranks}"
-        )
-    rank = ranks.pop()
-    config = {
-        "peft_type": "LORA",
-        "r": rank,
-        "lora_alpha": float(adapter.scale) * rank,
-        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in adapter.pairs}),
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "task_type": None,
-        "inference_mode": True,
-    }
-    tensors: dict[str, torch.Tensor] = {}
-    for module, (a, b) in adapter.pairs.items():
-        tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.detach().to("cpu").contiguous()
-        tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.detach().to("cpu").contiguous()
-    tmp = directory.with_name(directory.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(tmp / "adapter_model.safetensors"))
-    tmp.replace(directory)  # whole or absent: a reader never sees half a directory
-    return directory
+    """Write ``adapter`` as a standard PEFT LoRA directory in ``directory`` (the wire
+    module's :func:`write_peft`, which the vLLM worker extension writes with too).
+    RelayError when the modules' ranks differ (one ``r`` per PEFT directory)."""
+    try:
+        return write_peft(adapter.pairs, adapter.scale, directory)
+    except ValueError as exc:
+        raise RelayError(str(exc)) from exc
 
 
 def peft_dir(snapshot: str | Path) -> Path:

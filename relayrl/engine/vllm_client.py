@@ -37,14 +37,20 @@ vLLM's wire protocol instead of the SGLang-style one:
   wrapped as a disk load is: pause, receive and load, set the version, resume. The extension
   reports a failure in its result (``success: false``), which becomes a
   :class:`RolloutServerError` naming the server.
-* LoRA (``model.lora``, docs/lora.md "vLLM"): an adapter snapshot is served as vLLM's dynamic
-  LoRA adapter, the base weights untouched: its PEFT directory
+* LoRA (``lora=True``: ``model.lora``, docs/lora.md "vLLM"): an adapter snapshot is served
+  as vLLM's dynamic LoRA adapter, the base weights untouched: its PEFT directory
   (``relayrl.engine.adapter.peft_dir``) is loaded with ``POST /v1/load_lora_adapter``
-  (``load_inplace``) under the one name :data:`ADAPTER_NAME`, which every generate request
-  names from then on (``model``). In place under one name, an adapter publication is
-  exactly a weight publication: the same pause, label and resume, and a request kept
-  through it (``keep``) continues under the new adapter, as under new weights. The load is
-  checked by ``/v1/models`` listing the adapter with this snapshot's directory.
+  (``load_inplace``) under the one name :data:`ADAPTER_NAME`, and every generate request
+  names that adapter (``model``), from the run's start: before its first publication a
+  server serves a zero adapter (the worker extension's ``relayrl_base_adapter``: loaded at
+  the run's start by the backend's check, before the first request to a server that lists
+  no adapter, after a full-weight load, and when a server no longer knows the name, e.g.
+  restarted at the same address). Before each load, ``relayrl_lora_setup`` stops vLLM from
+  reloading the adapter on every step (see the extension). Requests never
+  switch between the base model and an adapter, so an adapter publication is exactly a
+  weight publication: the same pause, label and resume, and a request kept through it
+  (``keep``) continues under the new adapter as it would under new weights. Each load is
+  checked by ``/v1/models`` listing the adapter from the directory loaded.
 
 Imports: relayrl.engine.adapter, relayrl.engine.client, relayrl.engine.types.
 """
@@ -68,6 +74,8 @@ from relayrl.engine.client import (
 from relayrl.engine.types import SamplingParams
 
 LOAD_METHOD = "relayrl_load_weights"
+BASE_ADAPTER_METHOD = "relayrl_base_adapter"
+LORA_SETUP_METHOD = "relayrl_lora_setup"
 JOIN_METHOD = "relayrl_join_group"
 RECEIVE_METHOD = "relayrl_receive_weights"
 ADAPTER_NAME = "policy-lora"  # the served LoRA adapter's name (loaded in place each time)
@@ -195,12 +203,14 @@ def parse_serving_info(url: str, models: Any, weight_info: Any) -> ServingInfo:
 class VLLMClient(RolloutClient):
     """:class:`RolloutClient` over vLLM servers; see the module docstring."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lora: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._paused_by_us = False
         self._loaded: dict[str, str | None] = {}  # URL -> checksum its last load reported
         self._refused_n = 1 << 30  # the smallest group a server refused as one request
-        self.adapter: str | None = None  # the LoRA adapter requests name (None: the base)
+        self.lora = lora  # requests name ADAPTER_NAME (module docstring)
+        self._adapters: dict[str, str] = {}  # URL -> the PEFT directory it serves
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ control
     async def server_info(self) -> list[dict[str, Any]]:
@@ -253,11 +263,11 @@ class VLLMClient(RolloutClient):
         if is_adapter_snapshot(model_path):
             path = str(await asyncio.to_thread(peft_dir, model_path))
             results = await asyncio.gather(*(self._load_adapter(u, path) for u in urls))
-            self.adapter = ADAPTER_NAME
         else:
             kwargs = {"weights_path": str(model_path)}
             results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
-            self.adapter = None  # full weights: served as they are
+            if self.lora:  # full weights are served as they are: the zero adapter over them
+                await asyncio.gather(*(self._load_base_adapter(u) for u in urls))
         for url, result in zip(urls, results, strict=True):
             self._loaded[url] = result.get("checksum")
         await self._tag(version, urls)
@@ -266,6 +276,7 @@ class VLLMClient(RolloutClient):
     async def _load_adapter(self, url: str, path: str) -> dict[str, Any]:
         """Load the PEFT directory ``path`` on the server at ``url`` as :data:`ADAPTER_NAME`
         (replacing the one before), then check that the server lists it from ``path``."""
+        await self._rpc(url, LORA_SETUP_METHOD, {})  # no reload per engine step
         body = {"lora_name": ADAPTER_NAME, "lora_path": path, "load_inplace": True}
         try:
             await self._request("POST", url, "/v1/load_lora_adapter", body)
@@ -288,9 +299,36 @@ class VLLMClient(RolloutClient):
             raise RolloutServerError(
                 url, f"the LoRA adapter {ADAPTER_NAME!r} is listed from {roots}, not {path}", 200
             )
+        self._adapters[url] = path
         # vLLM packs q/k/v and folds the scale into B: no checksum comparable with the
         # trainer's merged weights; the canary checks what the adapter serves
         return {"success": True, "adapter": path, "checksum": None}
+
+    async def _load_base_adapter(self, url: str) -> None:
+        """Serve the zero adapter on ``url`` (the worker extension writes it there)."""
+        result = await self._rpc(url, BASE_ADAPTER_METHOD, {})
+        await self._load_adapter(url, str(result["path"]))
+
+    async def _ensure_adapter(self, url: str) -> None:
+        """Before a request to ``url`` (``lora``): make sure it serves an adapter, the one
+        it lists (loaded by another client of the run) or else the zero adapter."""
+        if url in self._adapters:
+            return
+        async with self._adapter_locks.setdefault(url, asyncio.Lock()):
+            if url in self._adapters:
+                return
+            models = await self._request("GET", url, "/v1/models")
+            cards = models.get("data") if isinstance(models, dict) else None
+            roots = [c.get("root") for c in cards or [] if c.get("id") == ADAPTER_NAME]
+            if roots and roots[0]:
+                await self._rpc(url, LORA_SETUP_METHOD, {})
+                self._adapters[url] = str(roots[0])
+            else:
+                await self._load_base_adapter(url)
+
+    async def reset_adapter(self, url: str) -> None:
+        """Serve the zero adapter on ``url`` (a run's start: version 0 is the base model)."""
+        await self._load_base_adapter(url)
 
     async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
@@ -377,8 +415,31 @@ class VLLMClient(RolloutClient):
         )
 
     def _with_adapter(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` naming the served LoRA adapter, if one is loaded (else the base model)."""
-        return body | {"model": self.adapter} if self.adapter else body
+        """``body`` naming the served LoRA adapter (``lora``; else the base model)."""
+        return body | {"model": ADAPTER_NAME} if self.lora else body
+
+    async def generate_once(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams | dict[str, Any],
+        key: str | None = None,
+        url: str | None = None,
+    ) -> Generation:
+        """The base class's, on a server that serves the adapter (``lora``): loaded first
+        if this client has not loaded one there, and again (then the request repeated) if
+        the server answers that it does not know it (restarted at the same address)."""
+        url = url or self.server_for(key)
+        if not self.lora:
+            return await super().generate_once(input_ids, sampling_params, url=url)
+        await self._ensure_adapter(url)
+        try:
+            return await super().generate_once(input_ids, sampling_params, url=url)
+        except RolloutServerError as exc:
+            if exc.status != 404 or ADAPTER_NAME not in str(exc):
+                raise
+        self._adapters.pop(url, None)
+        await self._ensure_adapter(url)
+        return await super().generate_once(input_ids, sampling_params, url=url)
 
     def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
         return parse_vllm_generation(url, data)
@@ -402,10 +463,14 @@ class VLLMClient(RolloutClient):
         body = self._with_adapter(body)
         url = self.server_for(key)
         try:
+            if self.lora:
+                await self._ensure_adapter(url)
             data = await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
         except RolloutServerError as exc:
             if exc.status == 400 and "sampling_params.n" in str(exc):  # n > max_num_seqs
                 self._refused_n = min(self._refused_n, len(params))
+            elif self.lora and exc.status == 404 and ADAPTER_NAME in str(exc):
+                self._adapters.pop(url, None)  # restarted: one per sample loads it again
             elif not exc.unreachable or self.recover is None:
                 raise
             return await self._one_per_sample(input_ids, params, key)

@@ -220,6 +220,10 @@ class VLLMBackend(RolloutBackend):
 
         return VLLMClient
 
+    def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        """A :class:`VLLMClient`; with ``model.lora`` its requests name the served adapter."""
+        return super().client(urls, lora=self.config.model.lora is not None, **kwargs)
+
     async def check_protocol(self, client: RolloutClient, url: str) -> None:
         await probe(
             client,
@@ -236,6 +240,8 @@ class VLLMBackend(RolloutBackend):
         await self.check_protocol(client, url)
         # a run starts at version 0 (an external server may carry a label from before)
         await client.request("POST", url, "/update_weight_version", {"new_version": "0"})
+        if getattr(client, "lora", False):  # and with the zero adapter (no adapter from before)
+            await client.reset_adapter(url)  # type: ignore[attr-defined]
 
 
 def make_backend(config: RunConfig, model_dir: Path | str) -> RolloutBackend:

@@ -30,7 +30,7 @@ from relayrl.engine.adapter import (
     peft_dir,
     read_adapter,
 )
-from relayrl.engine.vllm_client import ADAPTER_NAME, VLLMClient
+from relayrl.engine.vllm_client import VLLMClient
 from relayrl.launch.backends import make_backend
 from relayrl.launch.publication import Canary, Publication, PublicationError
 from relayrl.launch.publish import make_publisher
@@ -101,7 +101,7 @@ def publish_two(launcher, tiny_model_dir, tmp_path, listener):
     key = launcher.spec.api_key
 
     async def main():
-        async with VLLMClient(launcher.urls, timeout=120, api_key=key) as client:
+        async with VLLMClient(launcher.urls, timeout=120, api_key=key, lora=True) as client:
             supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
             canary = Canary(every=1, tolerance=1e-4)
             publication = Publication(supervisor, publisher, tmp_path / "w", listener, canary)
@@ -109,13 +109,13 @@ def publish_two(launcher, tiny_model_dir, tmp_path, listener):
                 await publication.submit(LoraSource(tiny_model_dir, version), version, wait=True)
                 if listener.failure is not None:
                     break
-            return publication.canaries, publication.canary_max_diff, client.adapter
+            return publication.canaries, publication.canary_max_diff, client._adapters
 
     return asyncio.run(main())
 
 
-async def sample(client, prompt, seed, adapter):
-    client.adapter = adapter
+async def sample(client, prompt, seed, lora):
+    client.lora = lora
     params = {"max_new_tokens": 12, "temperature": 1.0, "seed": seed, "ignore_eos": True}
     return await client.generate(prompt, params)
 
@@ -123,11 +123,11 @@ async def sample(client, prompt, seed, adapter):
 @needs_vllm
 def test_adapter_publications_are_served_exactly(lora_server, tiny_model_dir, tmp_path):
     listener = Listener()
-    canaries, max_diff, adapter = publish_two(lora_server, tiny_model_dir, tmp_path, listener)
+    canaries, max_diff, adapters = publish_two(lora_server, tiny_model_dir, tmp_path, listener)
     assert listener.failure is None and listener.versions == [1, 2]
     assert canaries == 2 and max_diff < 1e-4, max_diff
-    assert adapter == ADAPTER_NAME
     snapshot = tmp_path / "w" / "v2"
+    assert adapters == {url: str(peft_dir(snapshot)) for url in lora_server.urls}
     assert read_adapter(snapshot).pairs  # adapter-only: no full weights were written
     assert not list(snapshot.glob("model*.safetensors"))
 
@@ -137,11 +137,11 @@ def test_adapter_publications_are_served_exactly(lora_server, tiny_model_dir, tm
 
     async def main():
         key = lora_server.spec.api_key
-        async with VLLMClient(lora_server.urls, timeout=120, api_key=key) as client:
+        async with VLLMClient(lora_server.urls, timeout=120, api_key=key, lora=True) as client:
             outs = []
             for i, prompt in enumerate(prompts(4, seed=1)):
-                outs.append((prompt, await sample(client, prompt, i, ADAPTER_NAME), trained))
-                outs.append((prompt, await sample(client, prompt, i, None), base))
+                outs.append((prompt, await sample(client, prompt, i, True), trained))
+                outs.append((prompt, await sample(client, prompt, i, False), base))
             return outs
 
     for prompt, out, model in asyncio.run(main()):
@@ -166,11 +166,76 @@ def test_an_adapter_not_applied_fails_the_canary(
     assert "it serves the base model, not the published LoRA adapter" in str(error)
 
 
+def merged(model_dir, snapshot):
+    """The base model with the adapter of ``snapshot`` merged (what the trainer serves)."""
+    model = load_model(model_dir).eval()
+    load_partial(model, AdapterBase().merged_state(model, read_adapter(snapshot)))
+    return model
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["abort", "keep"])
+def test_adapter_publications_interrupt_requests_exactly(
+    lora_server, tiny_model_dir, tmp_path, mode
+):
+    """The vLLM interruption test (test_vllm_backend.py) with adapter publications: while 32
+    requests decode, adapters v1, v2, ... are published one after another; every request
+    ends with exactly its budget, its versions never go down, some span versions, and
+    (abort-and-resubmit) each token's logprob is that of the base + the adapter its version
+    names. ``keep``: running requests continue under the new adapter with their KV (only
+    the version tags are checked, as for full weights)."""
+    from tests.launch.test_vllm_backend import BUDGET, submit
+
+    publications = 8
+    snapshots = {
+        v: LoraSource(tiny_model_dir, v).save_weights(tmp_path / f"v{v}")
+        for v in range(1, publications + 1)
+    }
+    models = {0: load_model(tiny_model_dir).eval()}
+    models |= {v: merged(tiny_model_dir, path) for v, path in snapshots.items()}
+    batch = prompts(32, seed=4)
+    params = [{"max_new_tokens": BUDGET, "seed": i, "ignore_eos": True} for i in range(32)]
+    base_dir = str(tiny_model_dir)
+
+    async def go():
+        key = lora_server.spec.api_key
+        async with VLLMClient(lora_server.urls, timeout=120, api_key=key, lora=True) as client:
+            await client.update_weights(base_dir, 0, keep_kv=mode == "keep")  # the base, v0
+            tasks = submit(client, batch, params, grouped=False)
+            for version in range(1, publications + 1):
+                await asyncio.sleep(0.02)
+                if all(task.done() for task in tasks):
+                    break
+                await client.update_weights(
+                    str(snapshots[version]), version, keep_kv=mode == "keep"
+                )
+            gens = [g for out in await asyncio.gather(*tasks) for g in out]
+            await client.update_weights(base_dir, version=0)
+            return gens
+
+    gens = asyncio.run(go())
+    spanning = 0
+    for prompt, gen in zip(batch, gens, strict=True):
+        assert len(gen.output_ids) == BUDGET == len(gen.output_logprobs)
+        assert gen.output_versions == sorted(gen.output_versions)
+        spanning += len(set(gen.output_versions)) > 1
+        if mode == "keep":
+            continue
+        got, versions = torch.tensor(gen.output_logprobs), torch.tensor(gen.output_versions)
+        for version, model in models.items():
+            mine = versions == version
+            if mine.any():
+                ref = recompute(model, prompt, gen.output_ids, 1.0)
+                assert (got - ref)[mine].abs().max().item() < MAX_LOGPROB_DIFF, version
+    print(f"{mode}: {spanning}/{len(batch)} requests span adapter versions")
+    assert spanning > 0, "no request was interrupted: publish earlier"
+
+
 # η = 0: every step's tokens come from the adapter just published (engine_trainer_kl_k3 on
 # each step); η = 2: the staleness bound asked for, KL on its steps with fresh tokens
 @needs_vllm
-@pytest.mark.parametrize("eta", [0, 2])
-def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta):
+@pytest.mark.parametrize(("eta", "mode"), [(0, "retract"), (2, "retract"), (2, "inflight")])
+def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta, mode):
     """`relayrl train configs/async.yaml model.lora.r=8 rollout.engine=vllm` (the tiny model,
     the short run's sizes, 4 steps, a grader that rewards random outputs by parity so the
     adapters train, a learning rate that moves them visibly): trained, each publication
@@ -184,6 +249,7 @@ def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta):
     overrides += [f"rollout.api_key={key}", "model.lora.r=8", "algo.loss=decoupled"]
     overrides += ["train.publish_every=1", "optim.lr=0.02", "rollout.n_samples=4"]
     overrides += ["train.publish_canary_tolerance=1e-4", "train.save_final=true"]
+    overrides += [f"train.publish_mode={mode}"]
     config = short_run_config(tmp_path, tiny_model_dir, url, *overrides)
     assert config.model.lora == LoraConfig(r=8)
     result = run_train(config, grader=parity_grader)
