@@ -853,11 +853,10 @@ class RunConfig(Section):
         unsupported = {
             "train.world_size": (self.train.world_size, 1),
             "train.weight_transport": (self.train.weight_transport, "disk"),
-            "rollout.engine": (self.rollout.engine, ("builtin", "vllm")),
             "rollout.lag": (self.rollout.lag, "async"),
         }
         for key, (value, needed) in unsupported.items():
-            if value not in (needed if isinstance(needed, tuple) else (needed,)):
+            if value != needed:
                 raise ValueError(
                     f"model.lora is not supported with {key}={value!r} yet (it needs "
                     f"{key}={needed!r}; docs/lora.md), or set model.lora=null"

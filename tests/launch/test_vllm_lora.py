@@ -9,8 +9,11 @@ adapter with the base weights untouched.
   publications pass verify and the canary, the server's behaviour logprobs under the
   adapter equal the trainer's LoRA model's, and base requests still see the base; a client
   that loads the adapter but never names it in its requests (the adapter not applied, as in
-  verl#7495) fails the canary naming the server and the version;
-* ``relayrl train ... model.lora.r=8 rollout.engine=vllm`` at η = 2 trains, every
+  verl#7495) fails the canary naming the server and the version; adapter publications landing
+  while requests decode: with ``abort`` every token's logprob is that of base + the adapter
+  its version names (this fails without the worker extension's ``relayrl_lora_setup``),
+  with ``keep`` the versions are ordered;
+* ``relayrl train ... model.lora.r=8 rollout.engine=vllm`` at η = 0 and 2 trains, every
   publication adapter-only and verified, engine-vs-trainer KL at vLLM's tolerance.
 """
 
@@ -262,7 +265,12 @@ def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta, mode):
     assert result.summary["publish_canaries"] == result.summary["publications"]
     assert result.summary["publish_canary_max_logprob_diff"] < 1e-4
     kl = [r["engine_trainer_kl_k3"] for r in steps if "engine_trainer_kl_k3" in r]
-    print(f"engine_trainer_kl_k3 (vLLM, LoRA, η = {eta}): {kl}")
+    summary = result.summary
+    print(
+        f"engine_trainer_kl_k3 (vLLM, LoRA, η = {eta}, {mode}): {kl}; canary max |Δ| "
+        f"{summary['publish_canary_max_logprob_diff']:.3g}; publications "
+        f"{summary['publications']}, mean latency {summary['publish_latency_mean_s']:.3f} s"
+    )
     assert len(kl) >= (4 if eta == 0 else 1) and all(k < MAX_MEAN_K3 for k in kl), kl
     # the adapters trained: the final merged model is far from the base (so the canaries
     # and KL above measured an adapter, not the base model)
