@@ -853,7 +853,6 @@ class RunConfig(Section):
         unsupported = {
             "train.world_size": (self.train.world_size, 1),
             "train.weight_transport": (self.train.weight_transport, "disk"),
-            "rollout.engine": (self.rollout.engine, "builtin"),
             "rollout.lag": (self.rollout.lag, "async"),
         }
         for key, (value, needed) in unsupported.items():

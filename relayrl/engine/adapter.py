@@ -9,9 +9,10 @@ server, so both hold bit-identical merged weights), :func:`merged_named` (a mode
 with an adapter merged, for the checksum) and :class:`AdapterBase` (merge-into-a-copy: a
 server keeps the pristine base weight of every module an adapter touches, and each adapter
 publication sets W = W_base + scale · B·A from it, so the base never drifts and an adapter
-replaces the previous one instead of adding to it).
+replaces the previous one instead of adding to it), and :func:`peft_dir` (an adapter snapshot
+as a standard PEFT adapter directory, content-addressed, which vLLM's dynamic LoRA loads).
 
-Imports: relayrl.engine.weights, relayrl.errors, safetensors, torch.
+Imports: relayrl.engine.weights, relayrl.engine.wire, relayrl.errors, safetensors, torch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from relayrl.engine.weights import weights_checksum
+from relayrl.engine.wire.relayrl_peft_wire import write_peft
 from relayrl.errors import RelayError
 
 ADAPTER_FILE = "relayrl_adapter.safetensors"
@@ -36,8 +38,10 @@ __all__ = [
     "merge_weight",
     "merged_checksum",
     "merged_named",
+    "peft_dir",
     "read_adapter",
     "write_adapter",
+    "write_peft_dir",
 ]
 
 
@@ -171,3 +175,34 @@ def load_partial(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
+
+
+PEFT_SUBDIR = "peft-"  # + the adapter file's digest: a snapshot's PEFT directory
+
+
+def write_peft_dir(adapter: Adapter, directory: Path) -> Path:
+    """Write ``adapter`` as a standard PEFT LoRA directory in ``directory`` (the wire
+    module's :func:`write_peft`, which the vLLM worker extension writes with too).
+    RelayError when the modules' ranks differ (one ``r`` per PEFT directory)."""
+    try:
+        return write_peft(adapter.pairs, adapter.scale, directory)
+    except ValueError as exc:
+        raise RelayError(str(exc)) from exc
+
+
+def peft_dir(snapshot: str | Path) -> Path:
+    """The PEFT directory of the adapter snapshot in ``snapshot``, written on first use:
+    ``<snapshot>/peft-<digest>``, named after the adapter file's content, so a server that
+    keys its caches by the adapter's path (vLLM's prefix cache does) never mistakes one
+    adapter for another, even when a later run reuses the version's directory."""
+    import hashlib
+
+    file = Path(snapshot) / ADAPTER_FILE
+    try:
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise RelayError(f"cannot read adapter snapshot {str(file)!r}: {exc}") from exc
+    directory = Path(snapshot) / (PEFT_SUBDIR + digest)
+    if not directory.is_dir():
+        write_peft_dir(read_adapter(snapshot), directory)
+    return directory

@@ -37,8 +37,22 @@ vLLM's wire protocol instead of the SGLang-style one:
   wrapped as a disk load is: pause, receive and load, set the version, resume. The extension
   reports a failure in its result (``success: false``), which becomes a
   :class:`RolloutServerError` naming the server.
+* LoRA (``lora=True``: ``model.lora``, docs/lora.md "vLLM"): an adapter snapshot is served
+  as vLLM's dynamic LoRA adapter, the base weights untouched: its PEFT directory
+  (``relayrl.engine.adapter.peft_dir``) is loaded with ``POST /v1/load_lora_adapter``
+  (``load_inplace``) under the one name :data:`ADAPTER_NAME`, and every generate request
+  names that adapter (``model``), from the run's start: before its first publication a
+  server serves a zero adapter (the worker extension's ``relayrl_base_adapter``: loaded at
+  the run's start by the backend's check, before the first request to a server that lists
+  no adapter, after a full-weight load, and when a server no longer knows the name, e.g.
+  restarted at the same address). Before each load, ``relayrl_lora_setup`` stops vLLM from
+  reloading the adapter on every step (see the extension). Requests never
+  switch between the base model and an adapter, so an adapter publication is exactly a
+  weight publication: the same pause, label and resume, and a request kept through it
+  (``keep``) continues under the new adapter as it would under new weights. Each load is
+  checked by ``/v1/models`` listing the adapter from the directory loaded.
 
-Imports: relayrl.engine.client, relayrl.engine.types.
+Imports: relayrl.engine.adapter, relayrl.engine.client, relayrl.engine.types.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from relayrl.engine.adapter import is_adapter_snapshot, peft_dir
 from relayrl.engine.client import (
     Generation,
     RolloutClient,
@@ -59,8 +74,11 @@ from relayrl.engine.client import (
 from relayrl.engine.types import SamplingParams
 
 LOAD_METHOD = "relayrl_load_weights"
+BASE_ADAPTER_METHOD = "relayrl_base_adapter"
+LORA_SETUP_METHOD = "relayrl_lora_setup"
 JOIN_METHOD = "relayrl_join_group"
 RECEIVE_METHOD = "relayrl_receive_weights"
+ADAPTER_NAME = "policy-lora"  # the served LoRA adapter's name (loaded in place each time)
 # vLLM's pause modes for the built-in engine's: abort-and-resubmit, or keep running requests
 PAUSE_MODES = {"abort": "abort", "retract": "abort", "in_place": "keep", "keep": "keep"}
 MISSING_LOGPROB = -9999.0  # vLLM's sentinel for a token absent from its logprob map
@@ -185,11 +203,14 @@ def parse_serving_info(url: str, models: Any, weight_info: Any) -> ServingInfo:
 class VLLMClient(RolloutClient):
     """:class:`RolloutClient` over vLLM servers; see the module docstring."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lora: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._paused_by_us = False
         self._loaded: dict[str, str | None] = {}  # URL -> checksum its last load reported
         self._refused_n = 1 << 30  # the smallest group a server refused as one request
+        self.lora = lora  # requests name ADAPTER_NAME (module docstring)
+        self._adapters: dict[str, str] = {}  # URL -> the PEFT directory it serves
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ control
     async def server_info(self) -> list[dict[str, Any]]:
@@ -239,12 +260,75 @@ class VLLMClient(RolloutClient):
         """On paused servers ``urls``: load ``model_path``, then label new tokens
         ``version``; each server's worker-extension result of the load (with the checksum
         of what it loaded), in ``urls`` order."""
-        kwargs = {"weights_path": str(model_path)}
-        results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
+        if is_adapter_snapshot(model_path):
+            path = str(await asyncio.to_thread(peft_dir, model_path))
+            results = await asyncio.gather(*(self._load_adapter(u, path) for u in urls))
+        else:
+            kwargs = {"weights_path": str(model_path)}
+            results = await asyncio.gather(*(self._rpc(u, LOAD_METHOD, kwargs) for u in urls))
+            if self.lora:  # full weights are served as they are: the zero adapter over them
+                await asyncio.gather(*(self._load_base_adapter(u) for u in urls))
         for url, result in zip(urls, results, strict=True):
             self._loaded[url] = result.get("checksum")
         await self._tag(version, urls)
         return list(results)
+
+    async def _load_adapter(self, url: str, path: str) -> dict[str, Any]:
+        """Load the PEFT directory ``path`` on the server at ``url`` as :data:`ADAPTER_NAME`
+        (replacing the one before), then check that the server lists it from ``path``."""
+        await self._rpc(url, LORA_SETUP_METHOD, {})  # no reload per engine step
+        body = {"lora_name": ADAPTER_NAME, "lora_path": path, "load_inplace": True}
+        try:
+            await self._request("POST", url, "/v1/load_lora_adapter", body)
+        except ValueError:  # a 200 with vLLM's plain-text "Success: ..." (not JSON)
+            pass
+        except RolloutServerError as exc:
+            if exc.status == 404 and "load_lora_adapter" in str(exc):
+                raise RolloutServerError(
+                    url,
+                    "it serves no dynamic LoRA adapters: start vLLM with --enable-lora "
+                    "--max-loras N --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                    "(the launcher does for model.lora; docs/lora.md)",
+                    exc.status,
+                ) from exc
+            raise
+        models = await self._request("GET", url, "/v1/models")
+        cards = models.get("data") if isinstance(models, dict) else None
+        roots = [c.get("root") for c in cards or [] if c.get("id") == ADAPTER_NAME]
+        if roots != [path]:
+            raise RolloutServerError(
+                url, f"the LoRA adapter {ADAPTER_NAME!r} is listed from {roots}, not {path}", 200
+            )
+        self._adapters[url] = path
+        # vLLM packs q/k/v and folds the scale into B: no checksum comparable with the
+        # trainer's merged weights; the canary checks what the adapter serves
+        return {"success": True, "adapter": path, "checksum": None}
+
+    async def _load_base_adapter(self, url: str) -> None:
+        """Serve the zero adapter on ``url`` (the worker extension writes it there)."""
+        result = await self._rpc(url, BASE_ADAPTER_METHOD, {})
+        await self._load_adapter(url, str(result["path"]))
+
+    async def _ensure_adapter(self, url: str) -> None:
+        """Before a request to ``url`` (``lora``): make sure it serves an adapter, the one
+        it lists (loaded by another client of the run) or else the zero adapter."""
+        if url in self._adapters:
+            return
+        async with self._adapter_locks.setdefault(url, asyncio.Lock()):
+            if url in self._adapters:
+                return
+            models = await self._request("GET", url, "/v1/models")
+            cards = models.get("data") if isinstance(models, dict) else None
+            roots = [c.get("root") for c in cards or [] if c.get("id") == ADAPTER_NAME]
+            if roots and roots[0]:
+                await self._rpc(url, LORA_SETUP_METHOD, {})
+                self._adapters[url] = str(roots[0])
+            else:
+                await self._load_base_adapter(url)
+
+    async def reset_adapter(self, url: str) -> None:
+        """Serve the zero adapter on ``url`` (a run's start: version 0 is the base model)."""
+        await self._load_base_adapter(url)
 
     async def _tag(self, version: int, urls: list[str]) -> None:
         await self._broadcast("/update_weight_version", {"new_version": str(version)}, urls)
@@ -323,10 +407,39 @@ class VLLMClient(RolloutClient):
     def generate_body(
         self, input_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
     ) -> dict[str, Any]:
-        return {
-            "token_ids": [int(t) for t in input_ids],
-            "sampling_params": vllm_sampling_params(_params_dict(sampling_params)),
-        }
+        return self._with_adapter(
+            {
+                "token_ids": [int(t) for t in input_ids],
+                "sampling_params": vllm_sampling_params(_params_dict(sampling_params)),
+            }
+        )
+
+    def _with_adapter(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` naming the served LoRA adapter (``lora``; else the base model)."""
+        return body | {"model": ADAPTER_NAME} if self.lora else body
+
+    async def generate_once(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams | dict[str, Any],
+        key: str | None = None,
+        url: str | None = None,
+    ) -> Generation:
+        """The base class's, on a server that serves the adapter (``lora``): loaded first
+        if this client has not loaded one there, and again (then the request repeated) if
+        the server answers that it does not know it (restarted at the same address)."""
+        url = url or self.server_for(key)
+        if not self.lora:
+            return await super().generate_once(input_ids, sampling_params, url=url)
+        await self._ensure_adapter(url)
+        try:
+            return await super().generate_once(input_ids, sampling_params, url=url)
+        except RolloutServerError as exc:
+            if exc.status != 404 or ADAPTER_NAME not in str(exc):
+                raise
+        self._adapters.pop(url, None)
+        await self._ensure_adapter(url)
+        return await super().generate_once(input_ids, sampling_params, url=url)
 
     def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
         return parse_vllm_generation(url, data)
@@ -347,12 +460,17 @@ class VLLMClient(RolloutClient):
         body = group_request(input_ids, params) if len(params) > 1 else None
         if body is None or len(params) >= self._refused_n:
             return await self._one_per_sample(input_ids, params, key)
+        body = self._with_adapter(body)
         url = self.server_for(key)
         try:
+            if self.lora:
+                await self._ensure_adapter(url)
             data = await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
         except RolloutServerError as exc:
             if exc.status == 400 and "sampling_params.n" in str(exc):  # n > max_num_seqs
                 self._refused_n = min(self._refused_n, len(params))
+            elif self.lora and exc.status == 404 and ADAPTER_NAME in str(exc):
+                self._adapters.pop(url, None)  # restarted: one per sample loads it again
             elif not exc.unreachable or self.recover is None:
                 raise
             return await self._one_per_sample(input_ids, params, key)

@@ -209,12 +209,20 @@ class VLLMBackend(RolloutBackend):
             # in-flight publication keeps KV across versions by design; a prefix cache
             # would also hand old-version KV to *new* requests
             prefix_caching=cfg.train.publish_mode != "inflight",
+            # model.lora: adapters served by vLLM (one at a time now; η + 1 slots leave room
+            # for the last η + 1 behaviour versions, docs/lora.md "vLLM")
+            lora_rank=cfg.model.lora.r if cfg.model.lora is not None else None,
+            max_loras=cfg.rollout.eta + 1,
         )
 
     def client_class(self) -> type[RolloutClient]:
         from relayrl.engine.vllm_client import VLLMClient
 
         return VLLMClient
+
+    def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        """A :class:`VLLMClient`; with ``model.lora`` its requests name the served adapter."""
+        return super().client(urls, lora=self.config.model.lora is not None, **kwargs)
 
     async def check_protocol(self, client: RolloutClient, url: str) -> None:
         await probe(
@@ -232,6 +240,8 @@ class VLLMBackend(RolloutBackend):
         await self.check_protocol(client, url)
         # a run starts at version 0 (an external server may carry a label from before)
         await client.request("POST", url, "/update_weight_version", {"new_version": "0"})
+        if getattr(client, "lora", False):  # and with the zero adapter (no adapter from before)
+            await client.reset_adapter(url)  # type: ignore[attr-defined]
 
 
 def make_backend(config: RunConfig, model_dir: Path | str) -> RolloutBackend:

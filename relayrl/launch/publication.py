@@ -449,6 +449,8 @@ class Publication:
         pairs = zip(out.output_logprobs, expected, strict=True)
         diff = max(abs(a - b) for a, b in pairs)
         self.canary_max_diff = max(self.canary_max_diff, diff)
+        if getattr(reference, "disable_adapter", None) is not None:  # a peft (LoRA) policy
+            await self._adapter_applied(url, version, reference, out, expected)
         if diff > self.canary.tolerance:
             raise PublicationError(
                 version,
@@ -457,6 +459,31 @@ class Publication:
                 f"its logprobs of a fixed prompt differ from the trainer's for the same weights "
                 f"by up to {diff:.3g} nats (> train.publish_canary_tolerance="
                 f"{self.canary.tolerance:g}): it does not serve the published weights",
+            )
+
+    async def _adapter_applied(
+        self, url: str, version: int, reference: Any, out: Any, expected: list[float]
+    ) -> None:
+        """A LoRA policy's canary: where the trainer's logprobs differ from the base model's
+        by more than the tolerance, the server's must too; a server that matches the base
+        there serves the base model, not the adapter (issue 32: an adapter never applied)."""
+
+        def base_logprobs() -> list[float]:
+            with reference.disable_adapter():
+                return reference_logprobs(reference, list(CANARY_PROMPT), list(out.output_ids))
+
+        base = await asyncio.to_thread(base_logprobs)
+        adapted = max(abs(a - b) for a, b in zip(expected, base, strict=True))
+        served = max(abs(a - b) for a, b in zip(out.output_logprobs, base, strict=True))
+        tolerance = self.canary.tolerance
+        if adapted > tolerance and served <= tolerance:
+            raise PublicationError(
+                version,
+                "canary",
+                [url],
+                f"it serves the base model, not the published LoRA adapter: its logprobs of a "
+                f"fixed prompt equal the base model's (max |Δ| {served:.3g} nats) where the "
+                f"trainer's differ from them by up to {adapted:.3g} nats",
             )
 
     async def finish(self, timeout: float | None = None) -> None:

@@ -14,6 +14,9 @@ and relayrl's weight loader (``--worker-extension-cls``, ``vllm_worker/relayrl_v
 put on the child's ``PYTHONPATH`` with ``relayrl/engine/wire``, the broadcast transport's wire
 module it shares with relayrl). The server forks an engine-core and a worker process, so
 it gets a process group of its own (``new_session``) that the launcher signals as a whole.
+With ``model.lora`` it also serves dynamic LoRA adapters (``--enable-lora --max-loras
+--max-lora-rank`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` for ``/v1/load_lora_adapter``,
+behind the same key; docs/lora.md "vLLM").
 
 Imports: relayrl.engine.wire (its directory only), relayrl.errors, the standard library.
 """
@@ -88,6 +91,10 @@ class VLLMServerSpec:
     host: str = "127.0.0.1"  # the address it listens on (a Ray node's own, on a cluster)
     enforce_eager: bool = True
     prefix_caching: bool = True
+    # model.lora: serve dynamic LoRA adapters of this rank (rounded up to one vLLM takes),
+    # up to max_loras at once (docs/lora.md "vLLM"); None: no LoRA
+    lora_rank: int | None = None
+    max_loras: int = 1
     # the key every request but GET /health needs (relayrl_vllm_guard); environment only
     api_key: str | None = field(default=None, repr=False)
     kind = "vLLM"
@@ -116,6 +123,9 @@ class VLLMServerSpec:
         cmd += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
         cmd += ["--worker-extension-cls", EXTENSION_CLASS, "--served-model-name", "policy"]
         cmd += ["--middleware", GUARD_CLASS]  # the key on every endpoint; relayrl's RPCs only
+        if self.lora_rank is not None and "--enable-lora" not in self.extra_args:
+            cmd += ["--enable-lora", "--max-loras", str(self.max_loras)]
+            cmd += ["--max-lora-rank", str(vllm_lora_rank(self.lora_rank))]
         return cmd + list(self.extra_args)
 
     def environment(self, index: int) -> dict[str, str]:
@@ -135,7 +145,19 @@ class VLLMServerSpec:
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
-        }
+        } | ({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.lora_rank is not None else {})
+
+
+# the ranks vLLM 0.32 accepts for --max-lora-rank (its MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that serves adapters of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RelayError(f"model.lora.r={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
 def vllm_version(python: str) -> str | None:

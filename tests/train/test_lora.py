@@ -137,7 +137,6 @@ def test_sft_with_lora_changes_only_adapted_layers_by_rank_r(tmp_path):
     [
         ("train.world_size=2", "train.world_size"),
         ("train.weight_transport=broadcast", "train.weight_transport"),
-        ("rollout.engine=vllm", "rollout.engine"),
         ("rollout.lag=fixed", "rollout.lag"),
     ],
 )

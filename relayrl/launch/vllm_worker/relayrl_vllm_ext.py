@@ -1,9 +1,10 @@
 """A vLLM worker extension that runs inside the vLLM environment (not relayrl's): the
 launcher puts this directory and ``relayrl/engine/wire`` on the vLLM server's ``PYTHONPATH``
 and passes ``--worker-extension-cls relayrl_vllm_ext.RelayWeightLoader``. It must import
-nothing from relayrl (which is not installed there) but the wire module
+nothing from relayrl (which is not installed there) but the wire modules
 ``relayrl_transfer_wire`` (the standard library and torch only), which relayrl's side of the
-broadcast transport loads too: the same buckets, in the same order, on both ends.
+broadcast transport loads too: the same buckets, in the same order, on both ends, and
+``relayrl_peft_wire`` (the PEFT directory relayrl writes for an adapter publication).
 
 Its methods are called through vLLM's ``POST /collective_rpc`` (``relayrl.engine.vllm_client``):
 
@@ -11,7 +12,16 @@ Its methods are called through vLLM's ``POST /collective_rpc`` (``relayrl.engine
   its checksum is computed over exactly the tensors loaded);
 * ``relayrl_join_group(...)`` and ``relayrl_receive_weights(...)``: the broadcast transport
   (join the trainer's gloo transfer group; receive one publication from it and load it);
-* ``relayrl_leave_group()``.
+* ``relayrl_leave_group()``;
+* ``relayrl_lora_setup()`` (``model.lora``, before each adapter load): vLLM 0.32 reloads an
+  adapter from its directory on every engine step that runs a request whose adapter was
+  loaded ``load_inplace`` (the flag travels with each request), which is slow and, with
+  requests of two publications in one step, flips between their adapters; after this call a
+  step only activates the adapter the server holds, and only a load replaces it;
+* ``relayrl_base_adapter()`` (``model.lora``): write a zero LoRA adapter for this server's
+  model (one output projection, A = B = 0: it adds exactly nothing) as a PEFT directory on
+  the server's own filesystem, for the client to load as the served adapter before the first
+  publication (relayrl.engine.vllm_client: every request names the adapter from the start).
 
 Every load reports ``checksum``: ``weights_checksum`` of the tensors it loaded, which
 relayrl's publication transaction compares with the trainer's (proof that the weights
@@ -40,7 +50,10 @@ import os
 from typing import Any
 
 import torch
+from relayrl_peft_wire import write_peft
 from relayrl_transfer_wire import WireGroup, dtype_from_name, weights_checksum
+
+BASE_ADAPTER_MODULES = ("o_proj", "down_proj", "dense")  # unpacked projections vLLM adapts
 
 
 class RelayWeightLoader:
@@ -111,6 +124,51 @@ class RelayWeightLoader:
         if group is not None:
             group.close()
         return {"success": True, "left": group.name if group is not None else None}
+
+    def relayrl_lora_setup(self) -> dict:
+        """See the module docstring; idempotent."""
+        manager = getattr(self.model_runner, "lora_manager", None)
+        apply = getattr(manager, "_apply_adapters", None)
+        if apply is None:
+            return {
+                "success": False,
+                "error": "this server has no LoRA manager with _apply_adapters (started "
+                "without --enable-lora, or a vLLM other than 0.32)",
+            }
+        if not getattr(manager, "_relayrl_step_reload_off", False):
+            import msgspec
+
+            def apply_held(requests: set) -> None:
+                held = {
+                    msgspec.structs.replace(r, load_inplace=False) if r and r.load_inplace else r
+                    for r in requests
+                }
+                apply(held)
+
+            manager._apply_adapters = apply_held
+            manager._relayrl_step_reload_off = True
+        return {"success": True}
+
+    def relayrl_base_adapter(self) -> dict:
+        """A zero LoRA adapter (see the module docstring) written as a PEFT directory; its
+        path, or ``success: false`` naming why (a model with no projection named in
+        :data:`BASE_ADAPTER_MODULES`)."""
+        import tempfile
+        from pathlib import Path
+
+        for name, module in self.model_runner.get_model().named_modules():
+            base = getattr(module, "base_layer", module)  # vLLM's LoRA wrapper, if any
+            sizes = getattr(base, "input_size", None), getattr(base, "output_size", None)
+            if name.rsplit(".", 1)[-1] in BASE_ADAPTER_MODULES and None not in sizes:
+                pairs = {name: (torch.zeros(1, int(sizes[0])), torch.zeros(int(sizes[1]), 1))}
+                directory = Path(tempfile.gettempdir()) / f"relayrl-base-adapter-{os.getpid()}"
+                if not directory.is_dir():
+                    write_peft(pairs, 1.0, directory)
+                return {"success": True, "path": str(directory), "module": name}
+        return {
+            "success": False,
+            "error": f"no LoRA-able projection named {BASE_ADAPTER_MODULES} in the model",
+        }
 
     def _relayrl_reload(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """vLLM's in-place reload of ``state``, then the CPU GEMM rebuild; reports the

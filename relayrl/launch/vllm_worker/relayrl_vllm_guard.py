@@ -27,7 +27,14 @@ from typing import Any
 
 OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
 RPC_METHODS = frozenset(
-    {"relayrl_load_weights", "relayrl_join_group", "relayrl_receive_weights", "relayrl_leave_group"}
+    {
+        "relayrl_load_weights",
+        "relayrl_join_group",
+        "relayrl_receive_weights",
+        "relayrl_leave_group",
+        "relayrl_base_adapter",
+        "relayrl_lora_setup",
+    }
 )
 MAX_RPC_BODY = 1 << 20  # a collective_rpc body of relayrl's is a few KiB
 
