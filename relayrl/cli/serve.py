@@ -28,6 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seq-len", type=int, default=None)
     parser.add_argument("--weight-version", type=int, default=0)
     parser.add_argument(
+        "--max-adapters",
+        type=int,
+        default=1,
+        help="LoRA adapter versions kept and served at once: 1 merges each adapter "
+        "publication into the weights; K >= 2 lets every request finish under the adapter of "
+        "the version it started with (docs/lora.md)",
+    )
+    parser.add_argument(
         "--access-log", action="store_true", help="log every HTTP request (default off)"
     )
 
@@ -50,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             max_total_tokens=args.max_total_tokens,
             max_seq_len=args.max_seq_len,
             weight_version=args.weight_version,
+            max_adapters=args.max_adapters,
         )
     except ValueError as exc:
         raise RelayError(str(exc)) from exc

@@ -256,6 +256,15 @@ class RolloutConfig(Section):
     max_running_requests: int = Field(
         128, gt=0, description="KV slots (concurrently decoded requests) per server"
     )
+    max_adapters: int = Field(
+        1,
+        ge=1,
+        description="LoRA (model.lora): adapter versions each built-in server keeps and "
+        "serves at once; 1 = each publication is merged into a copy of the weights and running "
+        "requests are prefilled again (train.publish_mode); K >= 2 = every request keeps the "
+        "adapter of the version it started under, so a publication interrupts none while "
+        "K >= η + 1 (docs/lora.md)",
+    )
     server_mode: Literal["process", "thread"] = Field(
         "process",
         description="process: `relayrl serve` children (the real path); thread: in-process "
@@ -844,6 +853,24 @@ class RunConfig(Section):
                     "algo.aggregation='token_mean'"
                 )
         return replay
+
+    @model_validator(mode="after")
+    def _adapters_at_once(self) -> RunConfig:
+        """rollout.max_adapters >= 2 needs adapters to keep and a server that keeps them."""
+        if self.rollout.max_adapters == 1:
+            return self
+        needed = {
+            "model.lora": (self.model.lora is not None, "set (a LoRA run)"),
+            "rollout.engine": (self.rollout.engine == "builtin", "'builtin'"),
+            "train.publish_mode": (self.train.publish_mode == "retract", "'retract'"),
+        }
+        for key, (ok, what) in needed.items():
+            if not ok:
+                raise ValueError(
+                    f"rollout.max_adapters={self.rollout.max_adapters} needs {key} {what} "
+                    "(docs/lora.md), or set rollout.max_adapters=1"
+                )
+        return self
 
     @model_validator(mode="after")
     def _lora_supported(self) -> RunConfig:

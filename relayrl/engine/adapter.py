@@ -4,7 +4,7 @@ Owns: the adapter snapshot format (:data:`ADAPTER_FILE` in a snapshot directory:
 adapted linear module ``M`` of the model, ``M.lora_A`` (r × in) and ``M.lora_B`` (out × r);
 the scale ``alpha / r`` and the checksum of the merged weights in the file's metadata),
 :func:`is_adapter_snapshot`, :func:`read_adapter`, :func:`write_adapter`,
-:func:`merge_weight` (W = W_base + scale · B·A, computed the same way on the trainer and on a
+:func:`check_adapter`, :func:`merge_weight` (W = W_base + scale · B·A, computed the same way on the trainer and on a
 server, so both hold bit-identical merged weights), :func:`merged_named` (a model's weights
 with an adapter merged, for the checksum) and :class:`AdapterBase` (merge-into-a-copy: a
 server keeps the pristine base weight of every module an adapter touches, and each adapter
@@ -34,6 +34,7 @@ __all__ = [
     "ADAPTER_FILE",
     "Adapter",
     "AdapterBase",
+    "check_adapter",
     "is_adapter_snapshot",
     "merge_weight",
     "merged_checksum",
@@ -128,6 +129,22 @@ def read_adapter(path: str | Path) -> Adapter:
     return Adapter(pairs, scale, meta.get("checksum") or None)
 
 
+def check_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
+    """RelayError unless every module of ``adapter`` is a linear layer of ``model`` whose
+    weight its lora_A / lora_B fit."""
+    params = dict(model.named_parameters())
+    for module, (a, b) in adapter.pairs.items():
+        weight = params.get(module + ".weight")
+        if weight is None or weight.dim() != 2:
+            raise RelayError(f"adapter module {module!r} is not a linear layer of the model")
+        out, inp = weight.shape
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != inp or b.shape != (out, a.shape[0]):
+            raise RelayError(
+                f"adapter module {module!r}: lora_A {tuple(a.shape)} and lora_B "
+                f"{tuple(b.shape)} do not fit the weight {(out, inp)}"
+            )
+
+
 class AdapterBase:
     """A server's pristine base weights of the modules adapters have touched (see the
     module docstring). A full-weight load makes the loaded weights the new base
@@ -143,17 +160,8 @@ class AdapterBase:
         """The weights to write into ``model`` for ``adapter``: merged for each adapted
         module, the pristine base for one an earlier adapter touched and this one does not.
         Every name and shape is checked first (RelayError; the model is not changed)."""
+        check_adapter(model, adapter)
         params = dict(model.named_parameters())
-        for module, (a, b) in adapter.pairs.items():
-            weight = params.get(module + ".weight")
-            if weight is None or weight.dim() != 2:
-                raise RelayError(f"adapter module {module!r} is not a linear layer of the model")
-            out, inp = weight.shape
-            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != inp or b.shape != (out, a.shape[0]):
-                raise RelayError(
-                    f"adapter module {module!r}: lora_A {tuple(a.shape)} and lora_B "
-                    f"{tuple(b.shape)} do not fit the weight {(out, inp)}"
-                )
         state: dict[str, torch.Tensor] = {}
         for module, (a, b) in adapter.pairs.items():
             name = module + ".weight"

@@ -35,6 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from relayrl.engine.limits import await_or_disconnect
 from relayrl.engine.openai_api import (
     ChatIn,
     CompletionIn,
@@ -417,11 +418,6 @@ async def _json(request: Request) -> Any:
         raise OpenAIError(f"body: malformed JSON ({exc})") from None
 
 
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _answer(request: Request, engine, chat: bool):
     try:
         ep = make_endpoint(engine, await _json(request), chat)
@@ -432,13 +428,7 @@ async def _answer(request: Request, engine, chat: bool):
     task = asyncio.gather(
         *(engine.generate(job.prompt, job.params, top_logprobs=job.top) for job in ep.jobs)
     )
-    watcher = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()  # the client went away: its requests are aborted
+    if not await await_or_disconnect(request, task):  # its requests are aborted
         return _error(OpenAIError("client disconnected", status=499))
     try:
         results = task.result()

@@ -41,7 +41,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from relayrl.engine.adapter import Adapter, AdapterBase, is_adapter_snapshot, read_adapter
+from relayrl.engine.adapter import (
+    Adapter,
+    AdapterBase,
+    is_adapter_snapshot,
+    merged_checksum,
+    read_adapter,
+)
 from relayrl.engine.model_runner import ModelRunner, eos_ids
 from relayrl.engine.scheduler import Scheduler
 from relayrl.engine.sequence import Sequence, TokenListener, stop_reason
@@ -54,6 +60,7 @@ from relayrl.engine.types import (
     PauseMode,
     SamplingParams,
 )
+from relayrl.engine.versioned import VersionedAdapters
 from relayrl.engine.weights import check_shapes, model_checksum, read_state_dict
 from relayrl.errors import RelayError
 
@@ -93,9 +100,18 @@ class Engine:
             "reprefill_tokens": 0,
             # running requests that kept KV built under older weights (keep_kv updates)
             "kept_kv": 0,
+            # running requests an adapter publication left decoding under their own version
+            # (max_adapters >= 2: nothing retracted, no KV recomputed)
+            "kept_version": 0,
         }
         self.runner = ModelRunner(model, self.options, self._stats)
         self.adapter_base = AdapterBase()  # pristine base weights under adapter publications
+        # K >= 2: the last K adapters applied per request instead of merged (docs/lora.md)
+        self.versions = (
+            VersionedAdapters(self.runner.model, self.options.max_adapters)
+            if self.options.max_adapters >= 2
+            else None
+        )
         self.model, self.device, self.cache = (
             self.runner.model,
             self.runner.device,
@@ -108,6 +124,7 @@ class Engine:
         )
         self.eos_ids = eos_ids(model, tokenizer)
         self._weight_version = self.options.weight_version
+        self._base_version = self._weight_version  # the version of the weights themselves
         self._paused = False
         self._rid_counter = itertools.count()
         self._commands: queue.Queue = queue.Queue()
@@ -225,11 +242,15 @@ class Engine:
         futures = [self.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         return [f.result() for f in futures]
 
-    def score(self, input_ids: list[int], temperature: float = 1.0) -> list[float]:
+    def score(
+        self, input_ids: list[int], temperature: float = 1.0, version: int | None = None
+    ) -> list[float]:
         """The logprob of every input token after the first given the ones before it,
         ``log_softmax(logits / T)`` of one plain forward pass (no KV slot, no sampling): what
         a teacher server returns for given tokens (SGLang's input-token logprobs). Runs on
-        the loop thread between two steps; ``len(input_ids) − 1`` values."""
+        the loop thread between two steps; ``len(input_ids) − 1`` values. ``version``: under
+        one of the versions this engine serves (``versions_served``; None: the newest), e.g.
+        the exact behaviour logprobs of an older kept adapter."""
         ids = [int(t) for t in input_ids]
         if len(ids) < 2:
             raise ValueError("input_ids needs at least 2 tokens to score")
@@ -241,9 +262,25 @@ class Engine:
             )
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
-        return self._call(self._score, ids, temperature)
+        return self._call(self._score, ids, temperature, version)
 
-    def _score(self, ids: list[int], temperature: float) -> list[float]:
+    def versions_served(self) -> list[int]:
+        """The weight versions a request or a score can run under now: the newest only, or
+        with ``max_adapters`` K >= 2 the base's and the K kept adapters' (oldest first)."""
+        return self._call(self._versions_served)
+
+    def _versions_served(self) -> list[int]:
+        if self.versions is None:
+            return [self._weight_version]
+        return sorted({self._base_version, *self.versions.versions})
+
+    def _score(self, ids: list[int], temperature: float, version: int | None) -> list[float]:
+        if version is not None and version not in self._versions_served():
+            raise ValueError(
+                f"weight version {version} is not served (served: {self._versions_served()})"
+            )
+        if self.versions is not None:
+            self.versions.route([self._weight_version if version is None else version])
         x = torch.tensor([ids], dtype=torch.long, device=self.runner.device)
         logits = self.runner.model(input_ids=x, use_cache=False).logits[0, :-1].float()
         logp = torch.log_softmax(logits / temperature, dim=-1)
@@ -309,7 +346,16 @@ class Engine:
     def weights_checksum(self) -> str:
         """SHA-256 of the weights now loaded (``relayrl.engine.weights.weights_checksum``),
         taken on the loop thread between two decode steps."""
-        return self._call(model_checksum, self.runner.model)
+        return self._call(self._checksum)
+
+    def _checksum(self) -> str:
+        newest = self.versions.adapters.get(self._weight_version) if self.versions else None
+        if newest is None:
+            return model_checksum(self.runner.model)
+        # the weights new requests are served with: the base with the newest adapter merged
+        # the way the trainer merges it (the adapter is applied unmerged; the canary checks
+        # that it is applied)
+        return merged_checksum(self.runner.model.named_parameters(), newest)
 
     def stats(self) -> dict[str, Any]:
         """Counters and the sizes of the request tables (read on the loop thread)."""
@@ -393,11 +439,45 @@ class Engine:
     ) -> int:
         self.runner.load_weights(state)
         self.adapter_base.reset()  # full weights: the new base of later adapters
-        return self._weights_changed(version, keep_kv)
+        if self.versions is not None:
+            self.versions.clear()  # every kept adapter was relative to the old base
+            for seq in self.scheduler.requests.values():
+                seq.pinned_version = None
+        new_version = self._weights_changed(version, keep_kv)
+        self._base_version = new_version
+        return new_version
 
     def _apply_adapter(self, adapter: Adapter, version: int | None, keep_kv: bool) -> int:
+        if self.versions is not None:
+            return self._keep_adapter(adapter, version)
         self.runner.load_adapter(self.adapter_base.merged_state(self.runner.model, adapter))
         return self._weights_changed(version, keep_kv)
+
+    def _keep_adapter(self, adapter: Adapter, version: int | None) -> int:
+        """K adapters at once: keep ``adapter`` as the new version; only requests whose
+        version it pushed out of the K kept are retracted (to resume under the newest)."""
+        new_version = self._weight_version + 1 if version is None else int(version)
+        evicted = set(self.versions.add(new_version, adapter))
+        stranded = [s for s in self.scheduler.requests.values() if s.pinned_version in evicted]
+        for seq in stranded:
+            seq.pinned_version = None
+        self.scheduler.retract([s for s in stranded if s.row >= 0])
+        self._stats["kept_version"] += sum(1 for s in self.scheduler.running)
+        self._weight_version = new_version
+        return new_version
+
+    def _servable(self, version: int | None) -> bool:
+        return version is not None and (version in self.versions or version == self._base_version)
+
+    def _route(self, seqs: list[Sequence]) -> None:
+        """K adapters at once: pin each request without a servable version to the newest,
+        and tell the adapters which version each row of the next batch decodes under."""
+        if self.versions is None:
+            return
+        for seq in seqs:
+            if not self._servable(seq.pinned_version):
+                seq.pinned_version = self._weight_version
+        self.versions.route([s.pinned_version for s in seqs])
 
     def _weights_changed(self, version: int | None, keep_kv: bool) -> int:
         if keep_kv:
@@ -427,9 +507,11 @@ class Engine:
         """One scheduler iteration: admit + prefill new requests, then decode all running."""
         admitted = self.scheduler.admit()
         if admitted:
+            self._route(admitted)
             self._advance(admitted, self.runner.prefill(admitted))
         running = self.scheduler.running
         if running:
+            self._route(running)
             self._advance(list(running), self.runner.decode(running))
         self._stats["peak_running"] = max(self._stats["peak_running"], len(running))
 
@@ -439,7 +521,8 @@ class Engine:
         now = time.perf_counter()
         finished: list[tuple[Sequence, FinishReason, Any]] = []
         for seq, tok, lp, top in zip(seqs, tokens, logprobs, tops, strict=True):
-            seq.append(tok, lp, self._weight_version, now, top)
+            version = self._weight_version if seq.pinned_version is None else seq.pinned_version
+            seq.append(tok, lp, version, now, top)
             reason, matched = stop_reason(seq, tok, self.tokenizer)
             if reason is not None:
                 finished.append((seq, reason, matched))

@@ -8,9 +8,11 @@ h11 protocol with read deadlines: the headers of a request must be complete with
 :data:`BODY_TIMEOUT_S` of its headers, or the connection is closed). uvicorn alone waits for
 ever on a connection that sends part of its headers (its keep-alive timer only runs between
 requests), so 50 slow connections held 50 sockets and their buffers indefinitely; h11 caps
-the size of incomplete headers (16 KiB), this caps their time.
+the size of incomplete headers (16 KiB), this caps their time. And
+:func:`await_or_disconnect`: a request's generation is cancelled (its engine requests
+aborted) as soon as its client goes away.
 
-Imports: uvicorn and h11 (the server's HTTP stack), the standard library.
+Imports: uvicorn, h11 and starlette (the server's HTTP stack), the standard library.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 from typing import Any
 
 import h11
+from starlette.requests import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 MAX_BODY_BYTES = 64 * 2**20  # a batched /generate of 512 prompts x 4096 tokens is ~12 MiB
@@ -128,3 +131,29 @@ class DeadlineH11Protocol(H11Protocol):
             return  # a response is still being produced (pipelining): not the client's delay
         self.logger.debug("closing a connection: its request %s took too long", phase)
         self.transport.close()
+
+
+async def until_disconnect(request: Request) -> None:
+    """Return when the client closes its connection (the ASGI ``http.disconnect`` message).
+
+    Once the body is read, the server's next ``receive`` waits for exactly that; an event,
+    where polling ``is_disconnected`` would wake every request in flight on a timer.
+    """
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def await_or_disconnect(request: Request, task: asyncio.Future) -> bool:
+    """Wait for ``task``; cancel it and return False if the client goes away first."""
+    watcher = asyncio.ensure_future(until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return True
+    task.cancel()
+    # a cancelled gather ends with CancelledError as its exception: read it, or asyncio
+    # logs "exception was never retrieved" for every disconnected request
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return False

@@ -75,7 +75,13 @@ class Scheduler:
         first: they are all re-admitted at once (their slots are free), and length order
         lets each left-padded prefill batch hold sequences of similar length (measured on
         the demo workload: 1.5× fewer padded tokens per weight update than slot order)."""
-        running = sorted(self.running, key=lambda s: s.row)
+        self.retract(list(self.running))
+
+    def retract(self, seqs: list[Sequence]) -> None:
+        """Retract the running ``seqs`` as :meth:`retract_all` does all of them."""
+        if not seqs:
+            return
+        running = sorted(seqs, key=lambda s: s.row)
         self.release(running)
         for seq in running:
             seq.retracted = True

@@ -39,6 +39,9 @@ class Sequence:
     row: int = -1  # KV slot while running
     kv_len: int = 0  # tokens whose keys/values are in the slot
     retracted: bool = False  # its next prefill recomputes KV it had (counted in the stats)
+    # the adapter version it decodes under when the engine keeps K versions (set at
+    # admission, kept across publications; None: the engine's current weights)
+    pinned_version: int | None = None
     top_logprobs: int = 0  # alternatives recorded per token
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # called on the loop thread with each new token's (id, logprob, version, top logprobs);

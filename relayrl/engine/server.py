@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
-from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol
+from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol, await_or_disconnect
 from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name, join_in_own_thread
 from relayrl.engine.types import GenerationResult, PauseMode, SamplingParams
 from relayrl.errors import RelayError
@@ -291,29 +291,6 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-async def _until_disconnect(request: Request) -> None:
-    """Return when the client closes its connection (the ASGI ``http.disconnect`` message).
-
-    Once the body is read, the server's next ``receive`` waits for exactly that; an event,
-    where polling ``is_disconnected`` would wake every request in flight on a timer.
-    """
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _await_or_disconnect(request: Request, task: asyncio.Future) -> bool:
-    """Wait for ``task``; cancel it and return False if the client goes away first."""
-    watcher = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return True
-    task.cancel()
-    return False
-
-
 OPEN_PATHS = frozenset({"/health"})  # answered without the key (GET only): liveness probes
 
 
@@ -383,7 +360,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         except ValueError as exc:
             return _error(400, str(exc))
         task = asyncio.gather(*(engine.generate(*request) for request in requests))
-        if not await _await_or_disconnect(request, task):
+        if not await await_or_disconnect(request, task):
             return _error(499, "client disconnected")
         try:
             results = task.result()

@@ -54,6 +54,10 @@ class EngineOptions:
     max_prefill_tokens: int = 4096
     # Initial weight version.
     weight_version: int = 0
+    # LoRA publications: 1 merges each adapter into a copy of the weights (running requests
+    # are retracted); K >= 2 keeps the last K adapters and applies each request's own in the
+    # forward pass, so a publication interrupts no request (docs/lora.md).
+    max_adapters: int = 1
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
@@ -64,6 +68,8 @@ class EngineOptions:
             raise ValueError("max_seq_len must be >= 2 or None")
         if self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be >= 1")
+        if self.max_adapters < 1:
+            raise ValueError("max_adapters must be >= 1")
 
 
 @dataclass

@@ -160,6 +160,7 @@ class BuiltinBackend(RolloutBackend):
             max_seq_len=cfg.model.max_context,
             device=cfg.model.device,
             dtype=cfg.model.dtype,
+            max_adapters=cfg.rollout.max_adapters,
         )
 
     def client_class(self) -> type[RolloutClient]:

@@ -159,6 +159,7 @@ class ServerSpec:
     max_seq_len: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    max_adapters: int = 1  # LoRA adapter versions served at once (EngineOptions)
     kind = "relayrl serve"
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
@@ -177,6 +178,7 @@ class ServerSpec:
             dtype=self.dtype,
             max_running_requests=self.max_running_requests,
             max_seq_len=self.max_seq_len,
+            max_adapters=self.max_adapters,
         )
 
     def command(self, port: int) -> list[str]:

@@ -64,6 +64,7 @@ SERVER_COUNTERS = (
     "retracted",
     "reprefill_tokens",
     "kept_kv",
+    "kept_version",
 )
 
 
