@@ -23,7 +23,12 @@ runs the same ``RLTrainer.train_step``; what differs is below the step:
 - the no-grad passes (π_prox, the reference policy, D-ARL candidates) run on each rank's
   share and are all-gathered, so D-ARL selection sees every sample, as at world size 1;
 - publication gathers the full state dict on rank 0 (CPU offload) and writes the same
-  safetensors file as the single-process trainer.
+  safetensors file as the single-process trainer;
+- under LoRA (``model.lora``) the sharded model is the peft model: only the adapters train
+  and are in the optimizer, :meth:`ShardedRLTrainer.adapter_state` gathers only them (rank 0
+  publishes from its replica, ``relayrl.train.distributed``), and the DCP shards hold only
+  the adapters and their optimizer state (the base is the run's model), loadable at any
+  world size.
 
 Imports: torch, torch.distributed (FSDP2, DCP), relayrl.algo.microbatch, relayrl.train.options,
 relayrl.train.trainer.

@@ -3,12 +3,12 @@ thread per rank): the adapters of world size 1 on the same fixed batches, the ba
 untouched, and checkpoints (only the adapters and their optimizer state in the DCP shards,
 the PEFT adapter directory as the model) that resume at the other world size.
 
-Measured (tests/train/dp_harness.py, 3 steps, AdamW lr 1e-3, r = 8 on every linear layer,
-2-core CPU, 2026-11-25): gradient norms of world sizes 1 and 2 agree to 8e-8 relative, the
-adapters to 3.2e-6 absolute (float32 sums in another order, as for full fine-tuning: the
-bounds are test_fsdp's); resumed at the other world size after step 2, step 3's gradient
-norm is the uninterrupted run's to the last bit shown and the adapters agree to 3.2e-6
-(saved at 2) and 5.4e-8 (saved at 1).
+Measured (tests/train/dp_harness.py, AdamW lr 1e-3, r = 8 on every linear layer, 2-core CPU,
+2026-11-25): plain, 3 steps: gradient norms of world sizes 1 and 2 agree to 8e-8 relative,
+the adapters to 3.2e-6 absolute; with D-ARL replay, the KL term and two mini-batches, 4
+steps: 6e-8 and 2.4e-6 (float32 sums in another order, as for full fine-tuning: the bounds
+are test_fsdp's). Resumed at the other world size after step 2, step 3's gradient norm is
+the uninterrupted run's within 1e-7 relative and the adapters within 3.2e-6.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import pytest
 import torch
 
 from relayrl.models.loading import load_model
-from tests.train.test_fsdp import assert_same_update, run_harness
+from tests.train.test_fsdp import DARL, assert_same_update, run_harness
 
-LORA = ["model.lora.r=8", "model.lora.alpha=16"]
+# with D-ARL replay (selection over all-gathered π_prox), the KL reference (a frozen copy of
+# the peft model) and two PPO mini-batches per step, as test_fsdp's hardest case
+LORA = ["model.lora.r=8", "model.lora.alpha=16", *DARL]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,9 @@ def test_lora_world_size_2_gives_the_adapters_of_world_size_1(single, tiny_model
     two = run_harness(tmp, "two", 2, model_dir=str(tiny_model_dir), overrides=LORA)
     assert_same_update(one, two)
     assert all(s["grad_norm"] > 0 for s in two["stats"])
+    replayed = [s["replay_replayed"] for s in two["stats"]]
+    assert replayed == [s["replay_replayed"] for s in one["stats"]] and sum(replayed) > 0
+    assert all(s["optimizer_steps"] == 2 and s["kl_ref"] > 0 for s in two["stats"][1:])
     lora = adapters(two["weights"])
     assert len(lora) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 blocks
     assert max(v.abs().max().item() for k, v in lora.items() if "lora_B" in k) > 1e-4
