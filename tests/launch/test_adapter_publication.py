@@ -213,3 +213,36 @@ def test_an_adapter_not_applied_on_the_server_fails_verification(
     assert isinstance(error, PublicationError) and error.step == "verify", error
     assert error.version == 1 and error.servers == urls
     assert "stale or partial weights under the new label" in str(error)
+
+
+def test_a_broadcast_adapter_publication_without_a_disk_snapshot_is_written_on_demand(
+    tiny_model_dir, tmp_path
+):
+    """With ``broadcast_snapshot_every=2`` the second publication is broadcast only; when a
+    server must restart (or a broadcast falls back to disk) the held adapters are written
+    then, as an adapter snapshot with the trainer's checksum, not as full weights."""
+    from relayrl.launch.publish import BroadcastPublisher
+
+    publisher = BroadcastPublisher(30.0, snapshot_every=2)
+    source = LoraSource(tiny_model_dir, 1)
+    first = publisher.snapshot(source, tmp_path, 1)
+    assert first.path == tmp_path / "v1" and read_adapter(first.path).checksum
+    with torch.no_grad():  # the trainer trains on: the held copy must not follow
+        second = publisher.snapshot(source, tmp_path, 2)
+        for name, p in source.model.named_parameters():
+            if ".lora_B." in name:
+                p.add_(1.0)
+    assert second.path is None and second.adapter is not None
+    assert list(second.state) == list(second.adapter.tensors())
+    path = publisher.restart_snapshot(second)
+    written = read_adapter(path)
+    assert path == tmp_path / "v2" and written.checksum == second.adapter.checksum
+    live = source.lora_adapter()
+    assert written.checksum != live.checksum  # the live adapters moved on, the held did not
+    module = "model.layers.0.self_attn.q_proj"
+    torch.testing.assert_close(
+        live.pairs[module][1] - written.pairs[module][1], torch.ones_like(live.pairs[module][1])
+    )
+    for module, (a, b) in second.adapter.pairs.items():
+        assert torch.equal(written.pairs[module][0], a)
+        assert torch.equal(written.pairs[module][1], b)
