@@ -5,7 +5,10 @@ checksum equals the one the trainer recorded), keeps its base weights untouched 
 checksum before == after), and is back at the base for a zero adapter; a bad adapter is
 refused before any weight changes. Through the publication transaction on a real server,
 adapter publications pass verify and the canary, and a server that takes the adapter but
-does not apply it fails the verify step naming the server and the version."""
+does not apply it fails the verify step naming the server and the version, with the disk and
+the broadcast transport. By broadcast only the adapter tensors travel (two servers; a zero
+adapter last gives back the base bit for bit), a misfit adapter is refused before anything is
+received, and a broadcast-only publication is written as an adapter snapshot on demand."""
 
 from __future__ import annotations
 
