@@ -878,8 +878,6 @@ class RunConfig(Section):
         if self.model.lora is None:
             return self
         unsupported = {
-            "train.world_size": (self.train.world_size, 1),
-            "train.weight_transport": (self.train.weight_transport, "disk"),
             "rollout.lag": (self.rollout.lag, "async"),
         }
         for key, (value, needed) in unsupported.items():

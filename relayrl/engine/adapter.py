@@ -4,6 +4,8 @@ Owns: the adapter snapshot format (:data:`ADAPTER_FILE` in a snapshot directory:
 adapted linear module ``M`` of the model, ``M.lora_A`` (r × in) and ``M.lora_B`` (out × r);
 the scale ``alpha / r`` and the checksum of the merged weights in the file's metadata),
 :func:`is_adapter_snapshot`, :func:`read_adapter`, :func:`write_adapter`,
+:func:`adapter_from_tensors` and :func:`check_adapter_shapes` (an adapter that arrives by
+broadcast: its ``<module>.lora_A`` / ``.lora_B`` tensors, checked before they are received),
 :func:`check_adapter`, :func:`merge_weight` (W = W_base + scale · B·A, computed the same way on the trainer and on a
 server, so both hold bit-identical merged weights), :func:`merged_named` (a model's weights
 with an adapter merged, for the checksum) and :class:`AdapterBase` (merge-into-a-copy: a
@@ -17,7 +19,7 @@ Imports: relayrl.engine.weights, relayrl.engine.wire, relayrl.errors, safetensor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +36,9 @@ __all__ = [
     "ADAPTER_FILE",
     "Adapter",
     "AdapterBase",
+    "adapter_from_tensors",
     "check_adapter",
+    "check_adapter_shapes",
     "is_adapter_snapshot",
     "merge_weight",
     "merged_checksum",
@@ -54,6 +58,22 @@ class Adapter:
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]
     scale: float
     checksum: str | None = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """``<module>.lora_A`` / ``<module>.lora_B`` -> tensor (what a snapshot file holds
+        and a broadcast sends, in this order)."""
+        out: dict[str, torch.Tensor] = {}
+        for module, (a, b) in self.pairs.items():
+            out[module + LORA_A], out[module + LORA_B] = a, b
+        return out
+
+    def cpu_copy(self) -> Adapter:
+        """A detached CPU copy (the trainer trains on while a publication holds it)."""
+        pairs = {
+            m: (a.detach().to("cpu", copy=True), b.detach().to("cpu", copy=True))
+            for m, (a, b) in self.pairs.items()
+        }
+        return Adapter(pairs, self.scale, self.checksum)
 
 
 def merge_weight(
@@ -93,10 +113,7 @@ def write_adapter(adapter: Adapter, directory: Path) -> Path:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for module, (a, b) in adapter.pairs.items():
-        tensors[module + LORA_A] = a.detach().to("cpu").contiguous()
-        tensors[module + LORA_B] = b.detach().to("cpu").contiguous()
+    tensors = {k: t.detach().to("cpu").contiguous() for k, t in adapter.tensors().items()}
     meta = {"scale": repr(float(adapter.scale)), "checksum": adapter.checksum or ""}
     save_file(tensors, str(directory / ADAPTER_FILE), metadata=meta)
     return directory
@@ -119,14 +136,58 @@ def read_adapter(path: str | Path) -> Adapter:
         scale = float(meta["scale"])
     except Exception as exc:  # noqa: BLE001 - safetensors and a missing key raise several kinds
         raise RelayError(f"cannot read adapter snapshot {str(file)!r}: {exc}") from exc
-    modules = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
-    if {m + s for m in modules for s in (LORA_A, LORA_B)} != set(tensors):
+    return adapter_from_tensors(
+        tensors, scale, f"adapter snapshot {str(file)!r}", meta.get("checksum") or None
+    )
+
+
+def adapter_modules(names: Iterable[str], where: str) -> list[str]:
+    """The modules of an adapter's tensor ``names`` (``<module>.lora_A`` and
+    ``<module>.lora_B`` each); RelayError naming ``where`` when a name does not pair up."""
+    names = set(names)
+    modules = {k.removesuffix(LORA_A) for k in names if k.endswith(LORA_A)}
+    if not modules or {m + s for m in modules for s in (LORA_A, LORA_B)} != names:
         raise RelayError(
-            f"adapter snapshot {str(file)!r}: every module needs exactly "
-            f"'<module>{LORA_A}' and '<module>{LORA_B}'"
+            f"{where}: every module needs exactly '<module>{LORA_A}' and '<module>{LORA_B}'"
         )
-    pairs = {m: (tensors[m + LORA_A], tensors[m + LORA_B]) for m in sorted(modules)}
-    return Adapter(pairs, scale, meta.get("checksum") or None)
+    return sorted(modules)
+
+
+def adapter_from_tensors(
+    tensors: Mapping[str, torch.Tensor], scale: float, where: str, checksum: str | None = None
+) -> Adapter:
+    """An :class:`Adapter` of ``<module>.lora_A`` / ``<module>.lora_B`` tensors (a snapshot
+    file's, or a broadcast's); RelayError naming ``where`` when they do not pair up."""
+    pairs = {
+        m: (tensors[m + LORA_A], tensors[m + LORA_B])
+        for m in adapter_modules(tensors.keys(), where)
+    }
+    return Adapter(pairs, float(scale), checksum)
+
+
+def check_adapter_fit(
+    params: Mapping[str, torch.Tensor], module: str, a_shape: Sequence[int], b_shape: Sequence[int]
+) -> None:
+    """RelayError unless ``module`` is a linear layer of ``params`` (a model's parameters by
+    name) that a ``lora_A`` of ``a_shape`` and a ``lora_B`` of ``b_shape`` fit."""
+    weight = params.get(module + ".weight")
+    if weight is None or weight.dim() != 2:
+        raise RelayError(f"adapter module {module!r} is not a linear layer of the model")
+    out, inp = weight.shape
+    a, b = tuple(a_shape), tuple(b_shape)
+    if len(a) != 2 or len(b) != 2 or a[1] != inp or b != (out, a[0]):
+        raise RelayError(
+            f"adapter module {module!r}: lora_A {a} and lora_B {b} do not fit the weight "
+            f"{(out, inp)}"
+        )
+
+
+def check_adapter_shapes(model: torch.nn.Module, shapes: Mapping[str, Sequence[int]]) -> None:
+    """RelayError unless ``shapes`` (tensor name -> shape: a broadcast adapter's, checked
+    before anything is received) is an adapter that fits ``model``."""
+    params = dict(model.named_parameters())
+    for module in adapter_modules(shapes.keys(), "the adapter's names"):
+        check_adapter_fit(params, module, shapes[module + LORA_A], shapes[module + LORA_B])
 
 
 def check_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -134,15 +195,7 @@ def check_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
     weight its lora_A / lora_B fit."""
     params = dict(model.named_parameters())
     for module, (a, b) in adapter.pairs.items():
-        weight = params.get(module + ".weight")
-        if weight is None or weight.dim() != 2:
-            raise RelayError(f"adapter module {module!r} is not a linear layer of the model")
-        out, inp = weight.shape
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != inp or b.shape != (out, a.shape[0]):
-            raise RelayError(
-                f"adapter module {module!r}: lora_A {tuple(a.shape)} and lora_B "
-                f"{tuple(b.shape)} do not fit the weight {(out, inp)}"
-            )
+        check_adapter_fit(params, module, a.shape, b.shape)
 
 
 class AdapterBase:

@@ -44,6 +44,7 @@ import torch
 from relayrl.engine.adapter import (
     Adapter,
     AdapterBase,
+    check_adapter_shapes,
     is_adapter_snapshot,
     merged_checksum,
     read_adapter,
@@ -317,14 +318,15 @@ class Engine:
 
     def update_weights(
         self,
-        source: str | Path | Mapping[str, torch.Tensor],
+        source: str | Path | Mapping[str, torch.Tensor] | Adapter,
         version: int | None = None,
         keep_kv: bool = False,
     ) -> int:
         """Load new weights between two decode steps; returns the new weight version.
 
         ``source``: a safetensors file, a directory of safetensors shards (a Hugging Face
-        model directory) or an in-memory state dict. ``version``: the version to tag new tokens
+        model directory), an in-memory state dict, or a LoRA adapter (an adapter snapshot
+        directory or an :class:`Adapter`: merged into a copy of the base, docs/lora.md). ``version``: the version to tag new tokens
         with (the trainer's optimizer step); None increments the current one. Running
         requests are retracted and prefilled again under the new weights (no stale KV), unless
         ``keep_kv``: then they keep the KV of their prompt and earlier tokens, built under
@@ -332,6 +334,8 @@ class Engine:
         ``kept_kv``). Either way the logprobs returned are those of the distribution each
         token was sampled from.
         """
+        if isinstance(source, Adapter):  # a LoRA publication by broadcast
+            return self._call(self._apply_adapter, source, version, keep_kv)
         if not isinstance(source, Mapping) and is_adapter_snapshot(source):
             adapter = read_adapter(source)  # a LoRA publication: merged into a copy (docs/lora.md)
             return self._call(self._apply_adapter, adapter, version, keep_kv)
@@ -342,6 +346,11 @@ class Engine:
         """RelayError unless ``shapes`` (name -> shape) matches the model's tensors: checked
         before a broadcast update receives anything (shapes never change, so any thread)."""
         check_shapes(self.runner.model, {name: tuple(shape) for name, shape in shapes.items()})
+
+    def check_adapter_shapes(self, shapes: Mapping[str, Sequence_[int]]) -> None:
+        """RelayError unless ``shapes`` (name -> shape) is a LoRA adapter that fits the
+        model: checked before a broadcast adapter receives anything."""
+        check_adapter_shapes(self.runner.model, shapes)
 
     def weights_checksum(self) -> str:
         """SHA-256 of the weights now loaded (``relayrl.engine.weights.weights_checksum``),

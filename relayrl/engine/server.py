@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.engine.adapter import adapter_from_tensors
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
 from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol, await_or_disconnect
@@ -155,6 +156,10 @@ class UpdateDistributedIn(_Strict):
     flush_cache: bool = True  # accepted as SGLang's; the KV is handled as keep_kv says
     abort_all_requests: bool = False
     keep_kv: bool = False
+    # relayrl extension: a LoRA adapter publication (docs/lora.md): the names are
+    # '<module>.lora_A' / '<module>.lora_B', merged into the server's copy of the base with
+    # this scale (alpha / r)
+    lora_scale: float | None = Field(None, allow_inf_nan=False)
 
     def specs(self) -> list[tuple[str, Any, list[int]]]:
         """(name, dtype, shape) per tensor; ``ValueError`` names the bad field."""
@@ -456,7 +461,11 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     async def update_from_distributed(body: UpdateDistributedIn):
         try:
             specs = body.specs()
-            engine.check_weight_shapes({name: shape for name, _, shape in specs})
+            shapes = {name: shape for name, _, shape in specs}
+            if body.lora_scale is None:
+                engine.check_weight_shapes(shapes)
+            else:
+                engine.check_adapter_shapes(shapes)
         except (ValueError, RelayError) as exc:
             return _error(400, str(exc))
         start = time.perf_counter()
@@ -481,8 +490,11 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                     "rejoin with /init_weights_update_group",
                 )
         version = body.version if body.version is not None else body.weight_version
+        source: Any = state
+        if body.lora_scale is not None:
+            source = adapter_from_tensors(state, body.lora_scale, "the broadcast adapter")
         try:
-            version = await load(state, version, body.keep_kv, body.abort_all_requests)
+            version = await load(source, version, body.keep_kv, body.abort_all_requests)
         except RelayError as exc:
             return _error(400, f"names: {exc}")
         return {

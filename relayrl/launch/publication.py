@@ -141,6 +141,8 @@ def snapshot_checksum(snapshot: Snapshot) -> str | None:
     """``weights_checksum`` of what ``snapshot`` publishes (its tensors, else its disk
     snapshot's; an adapter snapshot's: the merged weights' the trainer recorded in it), None
     when it holds neither."""
+    if snapshot.adapter is not None:
+        return snapshot.adapter.checksum
     if snapshot.path is not None and is_adapter_snapshot(snapshot.path):
         return read_adapter(snapshot.path).checksum
     if snapshot.state is not None:
@@ -382,7 +384,11 @@ class Publication:
         start, version = time.perf_counter(), snapshot.version
         try:
             await self.supervisor.publish(
-                snapshot.path, version, snapshot.state, checksum=snapshot.checksum
+                snapshot.path,
+                version,
+                snapshot.state,
+                checksum=snapshot.checksum,
+                adapter=snapshot.adapter,
             )
             if reference is not None:
                 await self._run_canary(version, reference)

@@ -69,6 +69,7 @@ from urllib.parse import urlsplit
 import torch
 
 from relayrl.config.schema import TrainConfig
+from relayrl.engine.adapter import Adapter, write_adapter
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.transfer import TransferGroup, tensor_specs
 from relayrl.errors import RelayError
@@ -88,7 +89,9 @@ class BroadcastError(RelayError):
 
 
 class WeightSource(Protocol):
-    """What a publisher snapshots: the trainer (single-process, data-parallel or FSDP)."""
+    """What a publisher snapshots: the trainer (single-process, data-parallel or FSDP).
+    A LoRA trainer also has ``lora_adapter()`` (its adapters as an ``Adapter``, with the
+    merged weights' checksum; None without LoRA): the broadcast sends only those."""
 
     model: torch.nn.Module
 
@@ -99,12 +102,30 @@ class WeightSource(Protocol):
 class Snapshot:
     """One publication. ``path``: the disk snapshot written for it (None: broadcast only);
     ``state``: a CPU copy of the weights to broadcast (None: disk only); ``checksum``: the
-    published weights' ``weights_checksum`` (None: not verified)."""
+    published weights' ``weights_checksum`` (None: not verified); ``adapter``: a LoRA
+    publication's adapters (a CPU copy; ``state`` holds their tensors, and the checksum is
+    the merged weights' the trainer recorded in it)."""
 
     version: int
     path: Path | None = None
     state: Mapping[str, torch.Tensor] | None = None
     checksum: str | None = None
+    adapter: Adapter | None = None
+
+
+def lora_adapter(trainer: WeightSource) -> Adapter | None:
+    """The trainer's adapters as one publication under LoRA, else None."""
+    getter = getattr(trainer, "lora_adapter", None)
+    return getter() if getter is not None else None
+
+
+def save_held(snapshot: Snapshot, directory: Path) -> Path:
+    """Write the weights ``snapshot`` holds as a disk snapshot in ``directory``: an adapter
+    snapshot for a LoRA publication, else ``model.safetensors``."""
+    if snapshot.adapter is not None:
+        return write_adapter(snapshot.adapter, directory)
+    assert snapshot.state is not None
+    return save_state(snapshot.state, directory)
 
 
 def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -269,8 +290,18 @@ class BroadcastPublisher(WeightPublisher):
 
     # ------------------------------------------------------------------ trainer side
     def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
+        """The held weights (under LoRA only the adapters), and every ``snapshot_every``-th
+        time their disk snapshot."""
         path, self._root = None, root
-        if self._snapshots % self.snapshot_every == 0:
+        due = self._snapshots % self.snapshot_every == 0
+        adapter = lora_adapter(trainer)
+        if adapter is not None:
+            held = Snapshot(version, adapter=adapter.cpu_copy())
+            held.state = held.adapter.tensors()
+            held.path = save_held(held, root / f"v{version}") if due else None
+            self._snapshots += 1
+            return held
+        if due:
             path = trainer.save_weights(root / f"v{version}")
         self._snapshots += 1
         return Snapshot(version, path=path, state=cpu_weights(trainer.model))
@@ -290,7 +321,7 @@ class BroadcastPublisher(WeightPublisher):
         """The publication's disk snapshot, written now from the held weights if it has
         none (a server restarted between two ``snapshot_every`` snapshots)."""
         if snapshot.path is None and snapshot.state is not None and self._root is not None:
-            snapshot.path = save_state(snapshot.state, self._root / f"v{snapshot.version}")
+            snapshot.path = save_held(snapshot, self._root / f"v{snapshot.version}")
         return snapshot.path
 
     def close(self) -> None:
@@ -314,6 +345,8 @@ class BroadcastPublisher(WeightPublisher):
             "version": snapshot.version,
             "keep_kv": keep_kv,
         }
+        if snapshot.adapter is not None:  # only the adapters travel (docs/lora.md)
+            body["lora_scale"] = snapshot.adapter.scale
         calls = {url: client.update_weights_from_distributed(url, body) for url in self._members}
         send = asyncio.to_thread(group.send, list(state.values()))
         what = f"broadcast of weights v{snapshot.version} in group {group.name!r}"
@@ -333,7 +366,7 @@ class BroadcastPublisher(WeightPublisher):
             if self._root is None or snapshot.state is None:
                 raise failure
             directory = self._root / f"v{snapshot.version}"
-            snapshot.path = await asyncio.to_thread(save_state, snapshot.state, directory)
+            snapshot.path = await asyncio.to_thread(save_held, snapshot, directory)
         print(
             f"warning: {failure}; falling back to the disk snapshot {snapshot.path} for "
             f"{', '.join(urls)}",

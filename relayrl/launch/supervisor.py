@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from relayrl.engine.adapter import Adapter
 from relayrl.engine.client import RolloutServerError, WeightsReport
 from relayrl.errors import RelayError
 from relayrl.launch.publication import Deadlines, PublicationSteps
@@ -235,15 +236,18 @@ class ServerSupervisor:
         version: int,
         state: Mapping[str, Any] | None = None,
         checksum: str | None = None,
+        adapter: Adapter | None = None,
     ) -> None:
         """Put publication ``version`` on every server through the weight publisher, under
         ``publish_mode``, as one transaction (``relayrl.launch.publication``): ``path`` is
         its disk snapshot (None: broadcast only), ``state`` its weights to broadcast (None:
-        disk only), ``checksum`` what every server must report having loaded. A server
+        disk only; under LoRA the tensors of ``adapter``, the publication's adapters),
+        ``checksum`` what every server must report having loaded. A server
         found unreachable on the way is restarted (with the latest disk snapshot) and the
         publication repeated; so is one the failed attempt could not resume; other errors
         propagate (a PublicationError names the server, the step and the version)."""
-        snapshot = Snapshot(version, Path(path) if path is not None else None, state, checksum)
+        where = Path(path) if path is not None else None
+        snapshot = Snapshot(version, where, state, checksum, adapter)
         async with self._lock:
             if snapshot.path is not None:
                 self.latest = (snapshot.path, version)

@@ -7,7 +7,9 @@ N), :class:`Checkpoint` (a verified checkpoint on disk), :class:`CorruptCheckpoi
 Layout of ``<run>/checkpoints/step-000012/``::
 
     model/          the policy as a Hugging Face directory (save_pretrained: config,
-                    model.safetensors, tokenizer), loadable by transformers unchanged
+                    model.safetensors, tokenizer), loadable by transformers unchanged;
+                    under LoRA the PEFT adapter directory (adapter_config.json,
+                    adapter_model.safetensors, tokenizer) instead
     shards/         train.world_size > 1 only: model and optimizer state as
                     torch.distributed.checkpoint shards (one file per rank + the metadata
                     as .metadata.json, relayrl.train.dcp_json), loadable at any world size
@@ -73,6 +75,10 @@ class UnsafeCheckpoint(CorruptCheckpoint):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (corrupt or partial) and an older one is used instead."""
+
+
+# a checkpoint's model: a Hugging Face directory, or under LoRA a PEFT adapter directory
+MODEL_FILES = ("model/config.json", "model/adapter_config.json")
 
 
 def step_dirname(step: int) -> str:
@@ -172,7 +178,7 @@ def _checked_manifest(manifest: Any) -> dict[str, dict[str, Any]]:
     if type(step) is not int or step < 0:
         raise CorruptCheckpoint(f"manifest.json: step must be a non-negative integer, got {step!r}")
     files = manifest.get("files")
-    if not isinstance(files, dict) or "model/config.json" not in files:
+    if not isinstance(files, dict) or not any(f in files for f in MODEL_FILES):
         raise CorruptCheckpoint("manifest.json lists no model")
     for rel, meta in files.items():
         parts = Path(rel).parts

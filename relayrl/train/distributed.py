@@ -63,6 +63,7 @@ class RankCommand(Enum):
     TRAIN_STEP = "train_step"
     SAVE_WEIGHTS = "save_weights"
     FULL_STATE_DICT = "full_state_dict"
+    ADAPTER_STATE = "adapter_state"
     SAVE_SHARDS = "save_shards"
     RESTORE_CHECKPOINT = "restore_checkpoint"
     STOP = "stop"
@@ -88,6 +89,8 @@ def run_call(trainer: Any, call: RankCall) -> Any:
             return trainer.save_weights(*call.args)
         case RankCommand.FULL_STATE_DICT:
             return trainer.full_state_dict(*call.args)
+        case RankCommand.ADAPTER_STATE:
+            return trainer.adapter_state(*call.args)
         case RankCommand.SAVE_SHARDS:
             return trainer.save_shards(*call.args)
         case RankCommand.RESTORE_CHECKPOINT:
@@ -181,6 +184,10 @@ def _build_rank(config: RunConfig, model_dir: str, pad_id: int, device: str, bac
 
     torch.manual_seed(config.seed)
     model = load_model(model_dir, device, config.model.dtype)
+    if config.model.lora is not None:  # the same adapters as rank 0's replica (one seed)
+        from relayrl.train.lora import apply_lora
+
+        model = apply_lora(model, config.model.lora, seed=config.seed)
     options, sharding = TrainerOptions.from_config(config), ShardingOptions.from_config(config)
     return ShardedRLTrainer(
         model, options, sharding, pad_id, "cuda" if backend == "nccl" else "cpu"
@@ -221,8 +228,8 @@ class TrainerGroup:
     """Rank 0's handle on the N trainer ranks, with the ``RLTrainer`` interface the loop
     and the checkpoints use: each collective call is broadcast to the workers first.
 
-    ``model`` is an unsharded replica on rank 0, refreshed from the gathered weights when
-    the version moved (evaluation, ``save_pretrained`` of checkpoints and the final model;
+    ``model`` is an unsharded replica on rank 0, refreshed from the gathered weights (under
+    LoRA only the adapters: the base is frozen) when the version moved (evaluation, ``save_pretrained`` of checkpoints and the final model;
     after :meth:`close` it keeps the last weights gathered, the final evaluation's)."""
 
     def __init__(self, local, replica: torch.nn.Module, workers: WorkerRanks, control) -> None:
@@ -258,8 +265,29 @@ class TrainerGroup:
     def train_step(self, groups) -> dict[str, float]:
         return self._all(RankCommand.TRAIN_STEP, groups)
 
+    @property
+    def lora(self) -> bool:
+        from relayrl.train.lora import is_lora
+
+        return is_lora(self.replica)
+
     def save_weights(self, directory: Path) -> Path:
+        """The publication's disk snapshot; under LoRA only the adapters are gathered (into
+        the replica) and rank 0 writes the adapter snapshot from the replica."""
+        if self.lora:
+            from relayrl.train.lora import save_adapter_snapshot
+
+            return save_adapter_snapshot(self.model, directory)
         return self._all(RankCommand.SAVE_WEIGHTS, directory)
+
+    def lora_adapter(self):
+        """Under LoRA, the adapters as one publication (``relayrl.train.lora.
+        adapter_snapshot``, gathered into the replica); None for full fine-tuning."""
+        if not self.lora:
+            return None
+        from relayrl.train.lora import adapter_snapshot
+
+        return adapter_snapshot(self.model)
 
     def save_shards(self, directory: Path) -> None:
         self._all(RankCommand.SAVE_SHARDS, directory)
@@ -274,8 +302,14 @@ class TrainerGroup:
     @property
     def model(self) -> torch.nn.Module:
         if not self._closed and self._replica_version != self.version:
-            state = self._all(RankCommand.FULL_STATE_DICT)
-            self.replica.load_state_dict(state)
+            if self.lora:  # the base is frozen: only the adapters travel
+                state = self._all(RankCommand.ADAPTER_STATE)
+                result = self.replica.load_state_dict(state, strict=False)
+                missing = [k for k in result.missing_keys if ".lora_" in k]
+                assert not result.unexpected_keys and not missing, (result, missing)
+            else:
+                state = self._all(RankCommand.FULL_STATE_DICT)
+                self.replica.load_state_dict(state)
             self._replica_version = self.version
         return self.replica
 
@@ -299,10 +333,10 @@ def make_trainer(
     started here (or by torchrun) with rank 0 in this process, as a :class:`TrainerGroup`."""
     from relayrl.train.trainer import RLTrainer
 
-    if config.model.lora is not None:  # world size 1 only (the config refuses more)
+    if config.model.lora is not None:  # at world size N, rank 0's replica (same seed)
         from relayrl.train.lora import apply_lora
 
-        model = apply_lora(model, config.model.lora)
+        model = apply_lora(model, config.model.lora, seed=config.seed)
     if config.train.world_size == 1:
         return RLTrainer(model, TrainerOptions.from_config(config), pad_id=pad_id)
     from relayrl.launch.servers import free_port

@@ -23,7 +23,12 @@ runs the same ``RLTrainer.train_step``; what differs is below the step:
 - the no-grad passes (π_prox, the reference policy, D-ARL candidates) run on each rank's
   share and are all-gathered, so D-ARL selection sees every sample, as at world size 1;
 - publication gathers the full state dict on rank 0 (CPU offload) and writes the same
-  safetensors file as the single-process trainer.
+  safetensors file as the single-process trainer;
+- under LoRA (``model.lora``) the sharded model is the peft model: only the adapters train
+  and are in the optimizer, :meth:`ShardedRLTrainer.adapter_state` gathers only them (rank 0
+  publishes from its replica, ``relayrl.train.distributed``), and the DCP shards hold only
+  the adapters and their optimizer state (the base is the run's model), loadable at any
+  world size.
 
 Imports: torch, torch.distributed (FSDP2, DCP), relayrl.algo.microbatch, relayrl.train.options,
 relayrl.train.trainer.
@@ -55,6 +60,7 @@ from torch.distributed.tensor import DTensor
 from relayrl.algo.microbatch import rank_micro_batches
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.dcp_json import JsonReader, JsonWriter, SafeLoadPlanner
+from relayrl.train.lora import adapter_state_from_dir, is_lora
 from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.trainer import RLTrainer, _collate, _MicroBatch
 
@@ -63,7 +69,10 @@ SHARDS_METADATA = f"{SHARDS_DIR}/.metadata.json"  # JSON (relayrl.train.dcp_json
 
 
 def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM (``model.model.layers``)."""
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers``; under
+    LoRA, of the peft model's base model)."""
+    if is_lora(model):
+        model = model.get_base_model()
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         raise ValueError(f"{type(model).__name__} has no model.layers to shard")
@@ -209,6 +218,16 @@ class ShardedRLTrainer(RLTrainer):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """Under LoRA: the unsharded adapter parameters by name on rank 0 (an empty dict on
+        the other ranks), only they travel (all-gathered one by one); a collective."""
+        state = {}
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                full = param.full_tensor() if isinstance(param, DTensor) else param
+                state[name] = full.detach().to("cpu", copy=True)
+        return state if self.rank == 0 else {}
+
     def save_weights(self, directory: Path | None) -> Path | None:
         """Gather the weights and, on rank 0, write ``directory/model.safetensors`` as the
         single-process trainer does (tied tensors once); a collective."""
@@ -267,6 +286,12 @@ class ShardedRLTrainer(RLTrainer):
         if shards is not None:
             load_sharded(self.model, self.optimizer, shards)
             trainer_state = {k: v for k, v in trainer_state.items() if k != "optimizer"}
+        elif is_lora(self.model):  # model_dir: a PEFT adapter directory (world size 1)
+            set_model_state_dict(
+                self.model,
+                adapter_state_from_dir(self.model, model_dir),
+                options=StateDictOptions(full_state_dict=True, strict=False),
+            )
         else:
             from relayrl.engine.weights import read_state_dict
 
@@ -275,10 +300,18 @@ class ShardedRLTrainer(RLTrainer):
 
 
 # --------------------------------------------------------------------------- checkpoints
+def _dcp_options(model: torch.nn.Module) -> StateDictOptions:
+    """Under LoRA the frozen base weights stay out of the shards (they are the run's model):
+    only the adapters are saved, and loaded without asking for the base."""
+    lora = is_lora(model)
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Write model and optimizer with ``torch.distributed.checkpoint`` (each rank its
-    shards, rank 0 the metadata; a collective when a process group is up)."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    shards, rank 0 the metadata; a collective when a process group is up); under LoRA only
+    the adapters and their optimizer state."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_dcp_options(model))
     state = {"model": model_state, "optimizer": optim_state}
     dcp.save(state, storage_writer=JsonWriter(str(directory)))  # JSON metadata, no pickle
 
@@ -286,22 +319,28 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Load :func:`save_sharded`'s files into ``model``/``optimizer`` at this world size
     (FSDP2 ranks or one plain process): DCP re-shards to the current layout."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = _dcp_options(model)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optim_state}
     with warnings.catch_warnings():  # one process, no group: loading in-process is meant
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         # JSON metadata and weights_only byte items: resuming never unpickles (dcp_json)
         dcp.load(state, storage_reader=JsonReader(str(directory)), planner=SafeLoadPlanner())
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=options,
     )
 
 
 def optimizer_state_by_name(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     """A single-process ``optimizer.state_dict()`` (parameters by position in
-    ``model.parameters()``) keyed by parameter name instead, as
-    ``set_optimizer_state_dict(..., full_state_dict=True)`` takes it."""
-    names = [name for name, _ in model.named_parameters()]
+    the trainable ``model.parameters()``, all but a LoRA model's frozen base) keyed by
+    parameter name instead, as ``set_optimizer_state_dict(..., full_state_dict=True)``
+    takes it."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
     return {
         "state": {names[int(i)]: value for i, value in state["state"].items()},
         "param_groups": [

@@ -28,7 +28,10 @@ PEFT_DIR = "adapter"  # the PEFT adapter directory inside a saved model director
 
 __all__ = [
     "PEFT_DIR",
+    "adapter_names",
     "adapter_of",
+    "adapter_snapshot",
+    "adapter_state_from_dir",
     "apply_lora",
     "is_lora",
     "load_adapter_dir",
@@ -49,9 +52,13 @@ def _peft() -> Any:
     return peft
 
 
-def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, lora: LoraConfig, seed: int | None = None
+) -> torch.nn.Module:
     """``model`` with LoRA adapters on ``lora.target_modules`` (a ``peft`` model; ``model``
-    itself is changed in place). RelayError when a target is not a torch Linear."""
+    itself is changed in place). RelayError when a target is not a torch Linear. ``seed``:
+    the adapters' initial values are drawn from it (without touching the global random
+    state), so every trainer rank and a rank-0 replica start from the same adapters."""
     peft = _peft()
     config = peft.LoraConfig(
         r=lora.r,
@@ -61,7 +68,10 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         bias="none",
     )
     try:
-        wrapped = peft.get_peft_model(model, config)
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:
         raise RelayError(f"model.lora.target_modules={lora.target_modules!r}: {exc}") from exc
     for name, module in _lora_layers(wrapped):
@@ -118,12 +128,17 @@ def base_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def save_adapter_snapshot(model: torch.nn.Module, directory: Path) -> Path:
-    """An adapter-only publication of ``model`` in ``directory``, recording the checksum of
-    the merged weights that a server applying it holds (``relayrl.engine.adapter``)."""
+def adapter_snapshot(model: torch.nn.Module) -> Adapter:
+    """The adapters of ``model`` (a peft model) as one publication, with the checksum of the
+    merged weights that a server applying them holds (``relayrl.engine.adapter``)."""
     adapter = adapter_of(model)
     adapter.checksum = merged_checksum(base_named(model), adapter)
-    return write_adapter(adapter, directory)
+    return adapter
+
+
+def save_adapter_snapshot(model: torch.nn.Module, directory: Path) -> Path:
+    """An adapter-only publication of ``model`` in ``directory`` (:func:`adapter_snapshot`)."""
+    return write_adapter(adapter_snapshot(model), directory)
 
 
 def save_model(model: torch.nn.Module, out: Path, merge_in_place: bool = False) -> torch.nn.Module:
@@ -138,6 +153,33 @@ def save_model(model: torch.nn.Module, out: Path, merge_in_place: bool = False) 
     merged = (model if merge_in_place else copy.deepcopy(model)).merge_and_unload()
     merged.save_pretrained(out)
     return merged
+
+
+def adapter_names(model: torch.nn.Module) -> list[str]:
+    """The names of ``model``'s adapter parameters (its trainable ones under LoRA), in
+    ``model.named_parameters()`` order: the optimizer's order too."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" in n]
+
+
+def adapter_state_from_dir(model: torch.nn.Module, directory: Path) -> dict[str, torch.Tensor]:
+    """The PEFT adapter directory ``directory`` as ``model``'s adapter parameters by name
+    (peft saves ``X.lora_A.weight`` for the parameter ``X.lora_A.default.weight``): what
+    sharded ranks load with ``set_model_state_dict``. RelayError when it does not fit."""
+    from safetensors.torch import load_file
+
+    file = directory / "adapter_model.safetensors"
+    if not file.is_file():
+        raise RelayError(f"{str(directory)!r} holds no PEFT adapter (adapter_model.safetensors)")
+    saved = load_file(str(file))
+    wanted = {n.replace(f".{ADAPTER_NAME}.", "."): n for n in adapter_names(model)}
+    if set(saved) != set(wanted):
+        missing = sorted(set(wanted) - set(saved))
+        unexpected = sorted(set(saved) - set(wanted))
+        raise RelayError(
+            f"adapter {str(file)!r} does not fit the model's adapters: unexpected "
+            f"{unexpected[:3]}, missing {missing[:3]}"
+        )
+    return {wanted[k]: v for k, v in saved.items()}
 
 
 def load_adapter_dir(model: torch.nn.Module, directory: Path) -> None:

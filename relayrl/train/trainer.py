@@ -56,6 +56,7 @@ from relayrl.algo.losses import (
     policy_loss,
 )
 from relayrl.algo.microbatch import pack_micro_batches
+from relayrl.engine.adapter import Adapter
 from relayrl.metric_names import (
     ESS_FRAC,
     STALENESS_MAX,
@@ -67,7 +68,12 @@ from relayrl.metric_names import (
     TRAIN_TOKENS,
 )
 from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
-from relayrl.train.lora import is_lora, save_adapter_snapshot, trainable_parameters
+from relayrl.train.lora import (
+    adapter_snapshot,
+    is_lora,
+    save_adapter_snapshot,
+    trainable_parameters,
+)
 from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
 
@@ -510,6 +516,11 @@ class RLTrainer:
         state = {n: p.detach().contiguous() for n, p in self.model.named_parameters()}
         save_file(state, str(directory / "model.safetensors"))
         return directory
+
+    def lora_adapter(self) -> Adapter | None:
+        """Under LoRA, the adapters as one publication (their tensors, scale and the merged
+        weights' checksum: what the broadcast transport sends); None for full fine-tuning."""
+        return adapter_snapshot(self.model) if is_lora(self.model) else None
 
     def state_dict(self) -> dict[str, Any]:
         state = {

@@ -5,12 +5,16 @@ checksum equals the one the trainer recorded), keeps its base weights untouched 
 checksum before == after), and is back at the base for a zero adapter; a bad adapter is
 refused before any weight changes. Through the publication transaction on a real server,
 adapter publications pass verify and the canary, and a server that takes the adapter but
-does not apply it fails the verify step naming the server and the version."""
+does not apply it fails the verify step naming the server and the version, with the disk and
+the broadcast transport. By broadcast only the adapter tensors travel (two servers; a zero
+adapter last gives back the base bit for bit), a misfit adapter is refused before anything is
+received, and a broadcast-only publication is written as an adapter snapshot on demand."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from relayrl.config.schema import LoraConfig, TrainConfig
@@ -24,7 +28,7 @@ from relayrl.launch.publish import make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
-from relayrl.train.lora import apply_lora, save_adapter_snapshot
+from relayrl.train.lora import adapter_snapshot, apply_lora, save_adapter_snapshot
 from tests.launch.test_publication import Listener
 
 
@@ -42,6 +46,9 @@ class LoraSource:
 
     def save_weights(self, directory):
         return save_adapter_snapshot(self.model, directory)
+
+    def lora_adapter(self):
+        return adapter_snapshot(self.model)
 
 
 def test_merge_is_base_plus_scaled_product_and_thread_independent():
@@ -96,9 +103,14 @@ def test_engine_serves_base_plus_newest_adapter_and_keeps_the_base(tiny_model_di
         assert engine.weights_checksum() == before
 
 
-def publish_two(tiny_model_dir, tmp_path, listener):
-    launcher = ServerLauncher(ServerSpec(str(tiny_model_dir)), 1, "thread", log_dir=tmp_path)
-    publisher = make_publisher(TrainConfig(weight_transport="disk"))
+def publish(tiny_model_dir, tmp_path, listener, transport="disk", servers=1, seeds=(1, 2)):
+    """Publish a LoRA source per seed (None: B = 0) as versions 1, 2, ... through the
+    publication transaction (verify and canary on every one) to built-in servers; returns
+    the canary count and largest difference, the servers' checksums at the end and the
+    publisher's counters, and the servers' URLs."""
+    launcher = ServerLauncher(ServerSpec(str(tiny_model_dir)), servers, "thread", log_dir=tmp_path)
+    train = TrainConfig(weight_transport=transport, broadcast_timeout_s=30)
+    publisher = make_publisher(train)
 
     async def main(urls):
         from relayrl.engine.client import RolloutClient
@@ -108,11 +120,13 @@ def publish_two(tiny_model_dir, tmp_path, listener):
             publication = Publication(
                 supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-4)
             )
-            for version in (1, 2):
-                await publication.submit(LoraSource(tiny_model_dir, version), version, wait=True)
+            for version, seed in enumerate(seeds, start=1):
+                await publication.submit(LoraSource(tiny_model_dir, seed), version, wait=True)
                 if listener.failure is not None:
                     break
-            return publication.canaries, publication.canary_max_diff
+            sums = [c["checksum"] for c in await client.weights_checksum()]
+            publisher.close()
+            return publication.canaries, publication.canary_max_diff, sums, publisher.stats()
 
     with launcher:
         return asyncio.run(main(launcher.urls)), launcher.urls
@@ -120,19 +134,118 @@ def publish_two(tiny_model_dir, tmp_path, listener):
 
 def test_adapter_publications_pass_verify_and_canary(tiny_model_dir, tmp_path):
     listener = Listener()
-    (canaries, max_diff), _ = publish_two(tiny_model_dir, tmp_path, listener)
+    (canaries, max_diff, _, _), _ = publish(tiny_model_dir, tmp_path, listener)
     assert listener.failure is None and listener.versions == [1, 2]
     assert canaries == 2 and max_diff < 1e-4, max_diff
 
 
-def test_an_adapter_not_applied_on_the_server_fails_verification(
+def test_adapter_broadcast_sends_only_the_adapters_and_keeps_the_base(
     tiny_model_dir, tmp_path, monkeypatch
+):
+    """``train.weight_transport=broadcast`` under LoRA, two built-in servers: each
+    publication broadcasts only the ``lora_A`` / ``lora_B`` tensors (with the scale), the
+    servers merge them into their copy exactly (verify: the merged weights' checksum the
+    trainer recorded; the canary), and a zero adapter after two others gives back the base
+    bit for bit: the base weights were never overwritten."""
+    from relayrl.engine.client import RolloutClient
+    from relayrl.engine.weights import weights_checksum
+
+    sent: list[dict] = []
+    real = RolloutClient.update_weights_from_distributed
+
+    async def spy(self, url, body):
+        sent.append(body)
+        return await real(self, url, body)
+
+    monkeypatch.setattr(RolloutClient, "update_weights_from_distributed", spy)
+    listener = Listener()
+    (canaries, max_diff, sums, stats), urls = publish(
+        tiny_model_dir, tmp_path, listener, "broadcast", servers=2, seeds=(1, 2, None)
+    )
+    assert listener.failure is None and listener.versions == [1, 2, 3]
+    assert canaries == 3 and max_diff < 1e-4, max_diff
+    assert len(sent) == 3 * len(urls)  # every publication by broadcast, to every server
+    assert stats["broadcast_fallbacks"] == 0 and stats["transfer_groups"] == 1
+    adapter = LoraSource(tiny_model_dir, 1).lora_adapter()
+    for body in sent:
+        assert body["names"] == list(adapter.tensors()) and body["lora_scale"] == adapter.scale
+    full = sum(p.numel() for p in load_model(tiny_model_dir).parameters())
+    moved = sum(t.numel() for t in adapter.tensors().values())
+    assert moved < 0.1 * full  # rank 4 on every linear layer of the tiny model
+    base = weights_checksum(load_model(tiny_model_dir).named_parameters())
+    assert sums == [base, base]  # v3 is a zero adapter: the untouched base is served
+
+
+def test_a_misfit_broadcast_adapter_is_refused_before_anything_is_received(tiny_model_dir):
+    """The server checks an adapter's names and shapes against its model before it joins
+    the broadcast (a 400 naming the module), as it does for full weights."""
+    from fastapi.testclient import TestClient
+
+    from relayrl.engine.server import create_app
+
+    body = {
+        "names": [
+            "model.layers.0.self_attn.q_proj.lora_A",
+            "model.layers.0.self_attn.q_proj.lora_B",
+        ],
+        "dtypes": ["float32", "float32"],
+        "shapes": [[4, 127], [128, 4]],
+        "group_name": "relayrl-w1",
+        "lora_scale": 2.0,
+    }
+    model = load_model(tiny_model_dir)
+    with Engine(model, load_tokenizer(tiny_model_dir), EngineOptions(max_seq_len=128)) as engine:
+        client = TestClient(create_app(engine))
+        answer = client.post("/update_weights_from_distributed", json=body)
+        assert answer.status_code == 400
+        assert "do not fit the weight" in answer.json()["error"], answer.json()
+        unpaired = {**body, "names": body["names"][:1], "dtypes": ["float32"], "shapes": [[4, 128]]}
+        answer = client.post("/update_weights_from_distributed", json=unpaired)
+        assert answer.status_code == 400 and "every module needs exactly" in answer.json()["error"]
+
+
+@pytest.mark.parametrize("transport", ["disk", "broadcast"])
+def test_an_adapter_not_applied_on_the_server_fails_verification(
+    tiny_model_dir, tmp_path, monkeypatch, transport
 ):
     monkeypatch.setattr(ModelRunner, "load_adapter", lambda self, state: None)
     listener = Listener()
-    _, urls = publish_two(tiny_model_dir, tmp_path, listener)
+    _, urls = publish(tiny_model_dir, tmp_path, listener, transport)
     assert listener.versions == []
     error = listener.failure
     assert isinstance(error, PublicationError) and error.step == "verify", error
     assert error.version == 1 and error.servers == urls
     assert "stale or partial weights under the new label" in str(error)
+
+
+def test_a_broadcast_adapter_publication_without_a_disk_snapshot_is_written_on_demand(
+    tiny_model_dir, tmp_path
+):
+    """With ``broadcast_snapshot_every=2`` the second publication is broadcast only; when a
+    server must restart (or a broadcast falls back to disk) the held adapters are written
+    then, as an adapter snapshot with the trainer's checksum, not as full weights."""
+    from relayrl.launch.publish import BroadcastPublisher
+
+    publisher = BroadcastPublisher(30.0, snapshot_every=2)
+    source = LoraSource(tiny_model_dir, 1)
+    first = publisher.snapshot(source, tmp_path, 1)
+    assert first.path == tmp_path / "v1" and read_adapter(first.path).checksum
+    with torch.no_grad():  # the trainer trains on: the held copy must not follow
+        second = publisher.snapshot(source, tmp_path, 2)
+        for name, p in source.model.named_parameters():
+            if ".lora_B." in name:
+                p.add_(1.0)
+    assert second.path is None and second.adapter is not None
+    assert list(second.state) == list(second.adapter.tensors())
+    path = publisher.restart_snapshot(second)
+    written = read_adapter(path)
+    assert path == tmp_path / "v2" and written.checksum == second.adapter.checksum
+    live = source.lora_adapter()
+    assert written.checksum != live.checksum  # the live adapters moved on, the held did not
+    module = "model.layers.0.self_attn.q_proj"
+    torch.testing.assert_close(
+        live.pairs[module][1] - written.pairs[module][1], torch.ones_like(live.pairs[module][1])
+    )
+    for module, (a, b) in second.adapter.pairs.items():
+        assert torch.equal(written.pairs[module][0], a)
+        assert torch.equal(written.pairs[module][1], b)

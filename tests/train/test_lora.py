@@ -77,6 +77,9 @@ def test_lora_run_at_eta_2(tmp_path, tiny_model_dir):
     assert result.summary["publications"] >= 1
 
 
+# the resume must load the checkpoint, not drop it as unusable and start over (which ends
+# with the same weights at η = 0 too): a LoRA checkpoint's model/ has no config.json
+@pytest.mark.filterwarnings("error::relayrl.train.checkpoint.CheckpointWarning")
 def test_lora_crash_and_resume_equals_uninterrupted(tmp_path, tiny_model_dir, monkeypatch):
     common = (*LORA, "rollout.eta=0", "train.total_steps=3", "rollout.max_running_requests=1")
     run_train(rl_config(tmp_path / "a", tiny_model_dir, *common), grader=parity_grader)
@@ -95,6 +98,39 @@ def test_lora_crash_and_resume_equals_uninterrupted(tmp_path, tiny_model_dir, mo
     a = dict(load_model(a_dir / "final_model").named_parameters())
     for name, p in load_model(run_dir / "final_model").named_parameters():
         assert torch.equal(p, a[name]), name  # bitwise
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_lora_run_with_broadcast_publication(tmp_path, tiny_model_dir, world_size):
+    """``train.weight_transport=broadcast`` with two built-in servers, at world size 1 and 2
+    (the adapters gathered on rank 0): every publication is broadcast (no disk fallback),
+    verified against the merged weights' checksum, and passes the canary; at η = 0 the
+    engine's logprobs are the trainer's to float rounding."""
+    config = rl_config(
+        tmp_path,
+        tiny_model_dir,
+        *LORA,
+        "rollout.eta=0",
+        "rollout.num_servers=2",
+        "train.weight_transport=broadcast",
+        "train.broadcast_snapshot_every=2",
+        "train.broadcast_timeout_s=30",
+        "train.publish_canary_every=1",
+        f"train.world_size={world_size}",
+    )
+    result = run_train(config, grader=parity_grader)
+    steps = steps_of(tmp_path / "run")
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    kl = [r["engine_trainer_kl_k3"] for r in steps]
+    print(f"engine_trainer_kl_k3 per step (LoRA, broadcast, world size {world_size}): {kl}")
+    assert all(k < MAX_MEAN_K3 for k in kl), kl
+    summary = result.summary
+    assert summary["weight_transport"] == "broadcast" and summary["publications"] == 2
+    assert summary["transfer_groups"] == 1 and summary["broadcast_fallbacks"] == 0
+    assert summary["disk_snapshots"] == 1  # v1 also on disk (the restart source), v2 not
+    assert summary["publish_canaries"] == 2
+    assert summary["publish_canary_max_logprob_diff"] < 1e-4
+    assert steps[0]["grad_norm"] > 0
 
 
 def test_sft_with_lora_changes_only_adapted_layers_by_rank_r(tmp_path):
@@ -135,8 +171,6 @@ def test_sft_with_lora_changes_only_adapted_layers_by_rank_r(tmp_path):
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("train.world_size=2", "train.world_size"),
-        ("train.weight_transport=broadcast", "train.weight_transport"),
         ("rollout.lag=fixed", "rollout.lag"),
     ],
 )
