@@ -51,6 +51,7 @@ import asyncio
 import copy
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -343,6 +344,7 @@ class Publication:
         self.canaries = 0  # canaries run
         self.canary_seconds = 0.0  # their time in all
         self.canary_max_diff = 0.0  # the largest |Δ logprob| a canary saw
+        self._reference_lock = threading.Lock()  # canaries share the reference model
         self._task: asyncio.Task | None = None
         self.last_seconds = 0.0  # how long the last finished publication took
         self.count = 0
@@ -449,14 +451,12 @@ class Publication:
                 [url],
                 f"{len(out.output_ids)} tokens labelled {sorted(set(out.output_versions))}",
             )
-        expected = await asyncio.to_thread(
-            reference_logprobs, reference, list(CANARY_PROMPT), list(out.output_ids)
-        )
+        expected, base = await asyncio.to_thread(self._reference_view, reference, out.output_ids)
         pairs = zip(out.output_logprobs, expected, strict=True)
         diff = max(abs(a - b) for a, b in pairs)
         self.canary_max_diff = max(self.canary_max_diff, diff)
-        if getattr(reference, "disable_adapter", None) is not None:  # a peft (LoRA) policy
-            await self._adapter_applied(url, version, reference, out, expected)
+        if base is not None:
+            self._adapter_applied(url, version, out.output_logprobs, expected, base)
         if diff > self.canary.tolerance:
             raise PublicationError(
                 version,
@@ -467,20 +467,34 @@ class Publication:
                 f"{self.canary.tolerance:g}): it does not serve the published weights",
             )
 
-    async def _adapter_applied(
-        self, url: str, version: int, reference: Any, out: Any, expected: list[float]
+    def _reference_view(
+        self, reference: torch.nn.Module, output: list[int]
+    ) -> tuple[list[float], list[float] | None]:
+        """The trainer's logprobs of a canary's ``output`` and, for a peft (LoRA) policy, the
+        base model's (its adapters disabled). One server's canary at a time: disabling the
+        adapters changes the shared model, so a concurrent canary computed without the lock
+        saw the base model as the trainer's."""
+        prompt = list(CANARY_PROMPT)
+        with self._reference_lock:
+            expected = reference_logprobs(reference, prompt, list(output))
+            if getattr(reference, "disable_adapter", None) is None:
+                return expected, None
+            with reference.disable_adapter():
+                return expected, reference_logprobs(reference, prompt, list(output))
+
+    def _adapter_applied(
+        self,
+        url: str,
+        version: int,
+        served_logprobs: list[float],
+        expected: list[float],
+        base: list[float],
     ) -> None:
         """A LoRA policy's canary: where the trainer's logprobs differ from the base model's
         by more than the tolerance, the server's must too; a server that matches the base
         there serves the base model, not the adapter (issue 32: an adapter never applied)."""
-
-        def base_logprobs() -> list[float]:
-            with reference.disable_adapter():
-                return reference_logprobs(reference, list(CANARY_PROMPT), list(out.output_ids))
-
-        base = await asyncio.to_thread(base_logprobs)
         adapted = max(abs(a - b) for a, b in zip(expected, base, strict=True))
-        served = max(abs(a - b) for a, b in zip(out.output_logprobs, base, strict=True))
+        served = max(abs(a - b) for a, b in zip(served_logprobs, base, strict=True))
         tolerance = self.canary.tolerance
         if adapted > tolerance and served <= tolerance:
             raise PublicationError(
