@@ -14,6 +14,7 @@ Imports: relayrl.config, relayrl.engine.adapter, relayrl.errors, peft (lazily), 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,10 @@ def apply_lora(
         bias="none",
     )
     try:
-        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        with torch.random.fork_rng(devices=[], enabled=seed is not None), warnings.catch_warnings():
+            # peft 0.21 asks transformers 5 the deprecated `is_gradient_checkpointing`: a
+            # FutureWarning in every LoRA run's output that the user can do nothing about
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
             if seed is not None:
                 torch.manual_seed(seed)
             wrapped = peft.get_peft_model(model, config)
