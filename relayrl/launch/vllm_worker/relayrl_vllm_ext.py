@@ -153,6 +153,8 @@ class RelayWeightLoader:
         """A zero LoRA adapter (see the module docstring) written as a PEFT directory; its
         path, or ``success: false`` naming why (a model with no projection named in
         :data:`BASE_ADAPTER_MODULES`)."""
+        import atexit
+        import shutil
         import tempfile
         from pathlib import Path
 
@@ -160,10 +162,15 @@ class RelayWeightLoader:
             base = getattr(module, "base_layer", module)  # vLLM's LoRA wrapper, if any
             sizes = getattr(base, "input_size", None), getattr(base, "output_size", None)
             if name.rsplit(".", 1)[-1] in BASE_ADAPTER_MODULES and None not in sizes:
-                pairs = {name: (torch.zeros(1, int(sizes[0])), torch.zeros(int(sizes[1]), 1))}
-                directory = Path(tempfile.gettempdir()) / f"relayrl-base-adapter-{os.getpid()}"
-                if not directory.is_dir():
+                directory = getattr(self, "_relayrl_base_dir", None)
+                if directory is None:
+                    # a fresh 0700 directory (never a predictable /tmp path another local
+                    # user could plant an adapter at), removed when the worker exits
+                    directory = Path(tempfile.mkdtemp(prefix="relayrl-base-adapter-"))
+                    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+                    pairs = {name: (torch.zeros(1, int(sizes[0])), torch.zeros(int(sizes[1]), 1))}
                     write_peft(pairs, 1.0, directory)
+                    self._relayrl_base_dir = directory
                 return {"success": True, "path": str(directory), "module": name}
         return {
             "success": False,
