@@ -54,10 +54,12 @@ from relayrl.algo.losses import (
     loss_normalizer,
     policy_drift,
     policy_loss,
+    stale_kl_per_version,
 )
 from relayrl.algo.microbatch import pack_micro_batches
 from relayrl.metric_names import (
     ESS_FRAC,
+    STALE_KL_PER_VERSION,
     STALENESS_MAX,
     STALENESS_MEAN,
     STALENESS_MIN,
@@ -280,7 +282,7 @@ class RLTrainer:
         before, first_logprobs = prox, None
         if fused_prox:  # π_prox = the update's own forward pass (detached), kept for stats
             first_logprobs = {}
-        elif self.options.drift_metrics and before is None:  # a loss without π_prox:
+        elif self._measures_drift() and before is None:  # a loss without π_prox:
             if self._one_local_update(parts):  # π_v from the update's own forward pass
                 first_logprobs = {}
             else:
@@ -304,6 +306,11 @@ class RLTrainer:
         if self.options.drift_metrics:
             after = self.traj_logprobs(self.model, trajs, whole)
             extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
+        if self.options.stale_kl and before is not None:
+            masks = [t.model_mask for t in trajs]
+            k = stale_kl_per_version(behav, vers, masks, before, self.version - 1)
+            if k is not None:
+                extra[STALE_KL_PER_VERSION] = k
         stats = combine_update_stats(updates)
         stats.update(extra)
         stats.update(
@@ -415,6 +422,11 @@ class RLTrainer:
         """Whether the step's first AdamW step computes every trajectory's logprobs here,
         under the weights the step starts from (one mini-batch, one process)."""
         return len(parts) == 1 and self.replay is None and self.world_size == 1
+
+    def _measures_drift(self) -> bool:
+        """Whether the step needs log π_v of every trained token besides the loss's own:
+        for the drift metrics or ``rollout.eta=auto``'s per-version drift."""
+        return self.options.drift_metrics or self.options.stale_kl
 
     def _needs_prox(self) -> bool:
         return self.loss_cfg.objective.needs_prox

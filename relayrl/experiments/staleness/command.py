@@ -18,6 +18,7 @@ from typing import Any
 from relayrl.errors import RelayError
 from relayrl.experiments.staleness.join import write_joined
 from relayrl.experiments.staleness.plan import (
+    AUTO,
     COMPARED,
     FULL,
     OVER_ETA,
@@ -25,6 +26,7 @@ from relayrl.experiments.staleness.plan import (
     QUICK,
     QUICK_SFT,
     Budget,
+    Eta,
     plan_cells,
 )
 from relayrl.experiments.staleness.report import (
@@ -152,7 +154,8 @@ def budget_from(args: argparse.Namespace) -> Budget:
             )
     for flag in ("etas", "darl_etas", "ablation_etas"):
         if getattr(args, flag, None) is not None:
-            updates[flag] = parse_etas(getattr(args, flag), f"--{flag.replace('_', '-')}")
+            name = f"--{flag.replace('_', '-')}"
+            updates[flag] = parse_etas(getattr(args, flag), name, auto=flag == "etas")
     if not updates.get("etas", budget.etas):
         raise RelayError("--etas needs at least one η")
     return replace(budget, **updates)
@@ -169,14 +172,16 @@ def parse_methods(text: str, flag: str) -> tuple[str, ...]:
     return names
 
 
-def parse_etas(text: str, flag: str) -> tuple[int, ...]:
-    """``"0,4,8"`` -> ``(0, 4, 8)``; ``""`` -> ``()``; distinct integers ≥ 0."""
+def parse_etas(text: str, flag: str, auto: bool = False) -> tuple[Eta, ...]:
+    """``"0,4,8"`` -> ``(0, 4, 8)``; ``""`` -> ``()``; distinct integers ≥ 0, and with
+    ``auto`` also the word ``auto`` (``rollout.eta=auto``)."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
+    words = "integers or auto" if auto else "integers"
     try:
-        etas = tuple(int(p) for p in parts)
+        etas = tuple(p if auto and p == AUTO else int(p) for p in parts)
     except ValueError:
-        raise RelayError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if any(e < 0 for e in etas) or len(set(etas)) != len(etas):
+        raise RelayError(f"{flag}: expected comma-separated {words}, got {text!r}") from None
+    if any(isinstance(e, int) and e < 0 for e in etas) or len(set(etas)) != len(etas):
         raise RelayError(f"{flag}: expected distinct integers >= 0, got {text!r}")
     return etas
 

@@ -6,6 +6,7 @@ Imports: the config loader and run budget, errors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,26 @@ GRID_FIELDS = (
 )
 
 
+# a cell's staleness bound: an integer η or "auto" (rollout.eta=auto, docs/async.md)
+Eta = int | str
+AUTO = "auto"
+
+
+def eta_key(eta: Eta) -> tuple[int, int]:
+    """Sort key of η values: the integers in order, then ``auto``."""
+    return (1, 0) if eta == AUTO else (0, int(eta))
+
+
+def fixed_etas(etas: Sequence[Eta]) -> list[int]:
+    """The integer η values of ``etas``, sorted (``auto`` left out)."""
+    return sorted(e for e in etas if isinstance(e, int))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Budget(RunBudget):
     """What every cell of one grid shares: the run budget (lr set) and the grid's shape."""
 
-    etas: tuple[int, ...]
+    etas: tuple[Eta, ...]  # integers and "auto"
     darl_etas: tuple[int, ...]
     seeds: int
     darl_warmup: int | None = None  # None: the preset's replay.warmup
@@ -202,7 +218,7 @@ QUICK_SFT = [
 @dataclass(frozen=True)
 class Cell:
     method: str
-    eta: int
+    eta: Eta
     seed: int
 
     @property
