@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from relayrl.metric_names import (
     ETA,
     LAG,
@@ -77,3 +79,30 @@ def test_live_run_with_auto_keeps_every_sample_within_its_admission_bound(tmp_pa
         assert row[STALENESS_MAX] <= 3.0
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert all(0 <= s["step"] - s["version_min"] <= 3 for s in samples)
+
+
+def test_auto_eta_state_is_checkpointed_and_resumed(tmp_path, tiny_model_dir, monkeypatch):
+    """The rule's state (η, k̂, r̂) is part of a checkpoint; the resumed run goes on from it
+    (its next bound moves at most one up from the checkpointed one)."""
+    from tests.train.test_resume import crash_on_call, rows
+
+    config = rl_config(
+        tmp_path,
+        tiny_model_dir,
+        "rollout.eta=auto",
+        "rollout.eta_max=3",
+        "train.total_steps=4",
+        "train.checkpoint_every=2",
+    )
+    crash_on_call(monkeypatch, 4)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_train(config, grader=parity_grader)
+    monkeypatch.undo()
+    run_dir = tmp_path / "run"
+    (saved,) = [json.loads(p.read_text()) for p in run_dir.rglob("auto_eta.json")]
+    second = _steps(run_dir)[1]
+    assert saved["eta"] == second[ETA] and saved["drift"] == second.get("eta_drift")
+    run_train(config, grader=parity_grader, resume=True)
+    steps = [r for r in rows(run_dir / "metrics.jsonl") if TRAIN_TOKENS in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert 1.0 <= steps[2][ETA] <= min(saved["eta"] + 1, 3)
