@@ -29,9 +29,9 @@ def test_drift_rule_grows_by_one_and_shrinks_at_once():
 
 def test_low_drift_reaches_eta_max_and_stays():
     rule = AutoEta(eta_max=8, budget=DEFAULT_ETA_BUDGET)
-    # the lag study's low drift: k ≈ 3.8e-5 per version → ⌊1.5e-3 / 3.8e-5⌋ = 39 → η_max
+    # the lag study's low drift: k ≈ 3.8e-5 per version → ⌊2e-3 / 3.8e-5⌋ = 52 → η_max
     assert [rule.update(3.8e-5) for _ in range(10)] == [2, 3, 4, 5, 6, 7, 8, 8, 8, 8]
-    # the high drift: k ≈ 2e-2 at staleness 1 → ⌊0.075⌋ = 0 → clamped to 1, at once
+    # the high drift: k ≈ 2e-2 → ⌊0.1⌋ = 0 → clamped to 1, at once
     assert AutoEta(8).update(2e-2) == 1
     rule.update(2e-2)  # k̂ = (3.8e-5 + 2e-2) / 2 ≈ 1.0e-2
     assert rule.eta == 1
