@@ -15,7 +15,10 @@ then version + 1 (one version per batch, whatever the number of AdamW steps). Wi
 ``train.drift_metrics`` a no-grad pass after the update gives the per-version drift
 ``drift_kl_k3`` = KL(π_v ‖ π_v+1) and ``behav_prox_kl_k3`` = KL(μ ‖ π_v) on the batch's tokens
 (``relayrl.algo.losses.policy_drift``; a loss without π_prox takes log π_v from its first
-AdamW step's forward pass when that covers the whole batch, else one more pass before). Logprobs are
+AdamW step's forward pass when that covers the whole batch, else one more pass before). With
+``rollout.eta=auto`` the same log π_v gives ``stale_kl_per_version`` (Σ KL(μ ‖ π_v) / Σ
+staleness over the stale tokens, ``relayrl.algo.losses.stale_kl_per_version``), the drift
+the staleness bound's rule reads (``relayrl.rollout.eta``). Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
 With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
