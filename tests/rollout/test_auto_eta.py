@@ -3,7 +3,9 @@ drift it reads, and the config key."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from relayrl.algo.losses import stale_kl_per_version
 from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
+from relayrl.rollout.controller import ControllerOptions
 from relayrl.rollout.eta import DEFAULT_ETA_BUDGET, AutoEta
 
 
@@ -97,3 +100,50 @@ def test_config_eta_int_or_auto():
     for bad in ("fast", "-1", "2.5"):
         with pytest.raises(RelayError, match=r"rollout\.eta.*non-negative integer or 'auto'"):
             load_config(None, [f"rollout.eta={bad}"])
+
+
+async def _drive_moving_bound(ctrl, servers, rng, steps: int) -> tuple[list[int], int]:
+    """Train ``steps`` batches while the bound jumps at random in [1, 4] after every step
+    (as rollout.eta=auto may: shrinking at once), publishing at least every η + 1 steps;
+    every sample must be within the bound its group was admitted under."""
+    from relayrl.train.run.publication import publish_interval
+
+    ctrl.start()
+    version, slacks, over = 0, [], 0
+    try:
+        for _ in range(steps):
+            batch = await asyncio.wait_for(ctrl.next_batch(), timeout=30)
+            for group in batch:
+                assert 1 <= group.eta <= 4
+                for t in group.trajectories:
+                    assert 0 <= t.staleness(version) <= group.eta
+                    over += t.staleness(version) > ctrl.eta  # admitted before a shrink
+            slacks.append(ctrl.staleness_slack)
+            await asyncio.sleep(rng.expovariate(1 / 0.01))
+            version += 1
+            ctrl.set_eta(rng.randint(1, 4))
+            if version - ctrl.published_version >= publish_interval(3, ctrl.eta):
+                servers.version = version
+                ctrl.set_published_version(version)
+    finally:
+        await ctrl.stop()
+    return slacks, over
+
+
+def test_a_moving_bound_keeps_every_sample_within_its_admission_bound():
+    """Six random trials (B, n, delays, the bound's jumps); over them some samples are
+    trained staler than the bound then in force (admitted before a shrink), and none is
+    staler than the bound it was admitted under."""
+    from tests.rollout.test_controller import FakeReward, FakeServers, make_controller
+
+    over_current = 0
+    for trial in range(6):
+        rng = random.Random(100 + trial)
+        n, b = rng.randint(1, 4), rng.randint(1, 4)
+        options = ControllerOptions(n_samples=n, prompts_per_step=b, eta=1, max_new_tokens=8)
+        servers = FakeServers(rng)
+        ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
+        slacks, over = asyncio.run(_drive_moving_bound(ctrl, servers, rng, 15))
+        assert len(slacks) == 15 and min(slacks) >= 0
+        over_current += over
+    assert over_current > 0
