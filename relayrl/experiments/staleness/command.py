@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ppo-epochs", type=int, default=None, help="passes over the mini-batches per batch"
     )
     parser.add_argument(
+        "--eta-budget",
+        type=float,
+        default=None,
+        help="rollout.eta_budget of every run (what the auto cells use; default: the config's)",
+    )
+    parser.add_argument(
         "--lag",
         choices=("async", "fixed", "uniform"),
         default="async",
@@ -137,6 +143,10 @@ def budget_from(args: argparse.Namespace) -> Budget:
         if args.lr <= 0:
             raise RelayError("--lr must be > 0")
         updates["lr"] = args.lr
+    if getattr(args, "eta_budget", None) is not None:
+        if args.eta_budget <= 0:
+            raise RelayError("--eta-budget must be > 0")
+        updates["eta_budget"] = args.eta_budget
     for flag, field in (
         ("prompts_per_step", "prompts_per_step"),
         ("ppo_minibatches", "ppo_minibatches"),
