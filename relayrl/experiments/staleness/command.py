@@ -104,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rollout.eta_budget of every run (what the auto cells use; default: the config's)",
     )
     parser.add_argument(
+        "--eta-max",
+        type=int,
+        default=None,
+        help="rollout.eta_max of every run (what the auto cells use; default: the config's)",
+    )
+    parser.add_argument(
         "--lag",
         choices=("async", "fixed", "uniform"),
         default="async",
@@ -147,6 +153,10 @@ def budget_from(args: argparse.Namespace) -> Budget:
         if args.eta_budget <= 0:
             raise RelayError("--eta-budget must be > 0")
         updates["eta_budget"] = args.eta_budget
+    if getattr(args, "eta_max", None) is not None:
+        if args.eta_max < 1:
+            raise RelayError("--eta-max must be >= 1")
+        updates["eta_max"] = args.eta_max
     for flag, field in (
         ("prompts_per_step", "prompts_per_step"),
         ("ppo_minibatches", "ppo_minibatches"),
