@@ -53,3 +53,25 @@ def test_joined_table_with_auto_hand_computed():
     # auto − η 0 per seed: +0.02, −0.01, −0.02: mean −0.00333, sample std 0.0208
     assert lines[2].endswith("| -0.003 ± 0.021 (not separable) (η = 0) |")
     assert "| 0.797 ± 0.080 |" in lines[2]  # auto's own final pass@1
+
+
+def test_eta_budget_and_eta_max_flags_reach_the_auto_cells(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    flags = ["--lag", "fixed", "--etas", "0,auto", "--eta-budget", "4e-4", "--eta-max", "4"]
+    budget = command.budget_from(parser.parse_args(flags))
+    assert budget.etas == (0, "auto")
+    config = plan.cell_config(plan.Cell("naive", "auto", 0), budget, tmp_path / "m", tmp_path)
+    assert (config.rollout.eta, config.rollout.eta_budget, config.rollout.eta_max) == (
+        "auto",
+        4e-4,
+        4,
+    )
+    assert budget.run_settings()["eta_max"] == 4  # another cache key than the default's
+    default = command.budget_from(parser.parse_args(["--lag", "fixed"]))
+    assert "eta_budget" not in default.run_settings()  # cells saved before stay valid
+    assert "eta_max" not in default.run_settings()
+    with pytest.raises(RelayError, match="--eta-max must be >= 1"):
+        command.budget_from(parser.parse_args(["--eta-max", "0"]))
