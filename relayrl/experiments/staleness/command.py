@@ -97,18 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ppo-epochs", type=int, default=None, help="passes over the mini-batches per batch"
     )
-    parser.add_argument(
-        "--eta-budget",
-        type=float,
-        default=None,
-        help="rollout.eta_budget of every run (what the auto cells use; default: the config's)",
-    )
-    parser.add_argument(
-        "--eta-max",
-        type=int,
-        default=None,
-        help="rollout.eta_max of every run (what the auto cells use; default: the config's)",
-    )
+    add_auto_arguments(parser)
     parser.add_argument(
         "--lag",
         choices=("async", "fixed", "uniform"),
@@ -130,6 +119,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report-only",
         action="store_true",
         help="lag emulation: run nothing, only rewrite the joined page from saved cells",
+    )
+
+
+def add_auto_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the ``--etas auto`` cells (rollout.eta=auto, docs/async.md)."""
+    parser.add_argument(
+        "--eta-budget",
+        type=float,
+        default=None,
+        help="rollout.eta_budget of every run (what the auto cells use; default: the config's)",
+    )
+    parser.add_argument(
+        "--eta-max",
+        type=int,
+        default=None,
+        help="rollout.eta_max of every run (what the auto cells use; default: the config's)",
     )
 
 
