@@ -35,6 +35,7 @@ ENGINE_TRAINER_KL = "engine_trainer_kl_k3"  # KL(μ ‖ π_prox) at staleness 0
 BEHAV_KL = "behav_kl_k3"  # KL(μ ‖ π_θ) of the loss's tokens (relayrl.algo.losses)
 DRIFT_KL = "drift_kl_k3"  # KL(π_v ‖ π_v+1) on the batch's tokens (train.drift_metrics)
 BEHAV_PROX_KL = "behav_prox_kl_k3"  # KL(μ ‖ π_v) on the batch's tokens (train.drift_metrics)
+STALE_KL_PER_VERSION = "stale_kl_per_version"  # Σ KL(μ ‖ π_v) / Σ staleness, stale tokens
 CLIP_FRAC = "clip_frac"  # fraction of the loss's tokens whose ratio was clipped
 
 # ------------------------------------------------------------------ the loop (train/loop.py)
@@ -53,6 +54,11 @@ TIME_EVAL_S = "time_eval_s"
 GEN_TOKENS_PER_S = "gen_tokens_per_s"  # tokens generated per second of the step
 TIME_SYNC_S = "time_sync_s"  # the trainer held for a weight publication
 LAG = "lag"  # lag emulation: the weight lag d of the step's batch
+ETA = "eta"  # the staleness bound in force after the step (rollout.eta=auto: the rule's choice)
+ETA_DRIFT = "eta_drift"  # rollout.eta=auto: the smoothed per-version drift k̂ the rule used
+# min over the batch's samples of (the bound in force when its group was admitted − its
+# staleness): never negative (rollout.eta=auto changes the bound while groups are in flight)
+STALENESS_SLACK = "staleness_slack_min"
 PUBLISH_LATENCY_S = "publish_latency_s"
 
 # ------------------------------------------------------------------ the run's summary (train_summary.json)

@@ -236,6 +236,33 @@ def policy_drift(
     return out
 
 
+def stale_kl_per_version(
+    behav_logprobs: Sequence[Sequence[float]],
+    versions: Sequence[Sequence[int]],
+    model_masks: Sequence[Sequence[bool]],
+    before: Sequence[Tensor],
+    version: int,
+) -> float | None:
+    """The batch's per-version drift k = (Σ k3 − n·m) / Σ s over its stale model tokens
+    (staleness s = ``version`` − the token's version > 0; k3 = e^ρ − 1 − ρ with
+    ρ = log π_v − log μ, the behaviour-vs-proximal KL estimator of :func:`policy_drift`,
+    ``before`` the logprobs under π_v), n their number and m the mean k3 of the batch's
+    fresh tokens (s = 0: the engine-vs-trainer numerical mismatch, which staleness does not
+    cause; 0 when there is none). None when no token is stale. What ``rollout.eta=auto``
+    reads (``relayrl.rollout.eta``)."""
+    mask = torch.tensor([bool(x) for m in model_masks for x in m], dtype=torch.bool)
+    stale = torch.tensor([version - v for vs in versions for v in vs], dtype=torch.float64)
+    behav = torch.tensor([x for b in behav_logprobs for x in b], dtype=torch.float64)
+    prox = torch.cat([x.detach().double().cpu() for x in before]) if before else behav
+    k3 = kl_estimate(behav, prox, "k3")
+    old, fresh = mask & (stale > 0), mask & (stale == 0)
+    if not bool(old.any()):
+        return None
+    mismatch = float(k3[fresh].mean()) if bool(fresh.any()) else 0.0
+    excess = float(k3[old].sum()) - mismatch * int(old.sum())
+    return excess / float(stale[old].sum())
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax over the last dimension, one value per position."""
     logp = torch.log_softmax(logits.float(), dim=-1)

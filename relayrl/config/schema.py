@@ -16,6 +16,7 @@ from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_
 from relayrl.plugins import load_plugins
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
 from relayrl.rewards.dispatch import GRADERS
+from relayrl.rollout.eta import DEFAULT_ETA_BUDGET
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.registry import TASKS, make_task
 
@@ -238,11 +239,21 @@ class RolloutConfig(Section):
         1.0, gt=0, description="sampling temperature; the trainer uses the same T for logprobs"
     )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1 = off, exact RL)")
-    eta: int = Field(
+    eta: int | Literal["auto"] = Field(
         4,
-        ge=0,
         description="staleness bound η: no sample is trained more than η versions after the "
-        "oldest weights that produced it (0 = synchronous RL)",
+        "oldest weights that produced it (0 = synchronous RL); auto = chosen after every "
+        "step in [1, rollout.eta_max] from the batch's per-version drift and (live) the "
+        "generation vs training time (docs/async.md, η = auto)",
+    )
+    eta_max: int = Field(
+        8, ge=1, description="rollout.eta=auto: the largest bound the rule may choose"
+    )
+    eta_budget: float = Field(
+        DEFAULT_ETA_BUDGET,
+        gt=0,
+        description="rollout.eta=auto: the drift budget, a KL in nats per token: η is kept "
+        "to η·k̂ ≤ eta_budget, k̂ the smoothed per-version drift (docs/async.md)",
     )
     concurrency: int = Field(
         -1,
@@ -316,6 +327,19 @@ class RolloutConfig(Section):
         "seed and v (uniform), clipped to v at the first steps; keeps the last η + 1 weight "
         "snapshots in memory; no rollout servers, no checkpoints",
     )
+
+    @field_validator("eta", mode="before")
+    @classmethod
+    def _eta_int_or_auto(cls, eta: object) -> object:
+        if eta == "auto" or (isinstance(eta, int) and not isinstance(eta, bool) and eta >= 0):
+            return eta
+        raise ValueError(f"rollout.eta must be a non-negative integer or 'auto', got {eta!r}")
+
+    @property
+    def eta_bound(self) -> int:
+        """The hard staleness bound: η, or with ``auto`` the largest the rule may choose
+        (what the trainer checks, the weight history keeps, checkpoints are checked by)."""
+        return self.eta_max if self.eta == "auto" else self.eta
 
     @field_validator("lag")
     @classmethod

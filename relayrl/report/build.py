@@ -21,6 +21,7 @@ from relayrl.metric_names import (
     DRIFT_KL,
     ELAPSED_S,
     ESS_FRAC,
+    ETA,
     EVAL_PASS_AT_1,
     EVAL_PROBLEMS,
     EVAL_VERSION,
@@ -28,6 +29,7 @@ from relayrl.metric_names import (
     IS_WEIGHT_MEAN,
     PASS_RATE,
     REWARD_MEAN,
+    STALENESS_MAX,
     STALENESS_MEAN,
     STEP,
     TIME_DRIFT_S,
@@ -118,6 +120,15 @@ def chart_staleness(ax, logs: RunLogs) -> bool:
         ylabel="samples",
     )
     return True
+
+
+def chart_staleness_bound(ax, logs: RunLogs) -> bool:
+    """The bound η per step (``rollout.eta=auto`` moves it) against the staleness trained."""
+    ax.set(title="staleness bound η and trained staleness by step", xlabel="step")
+    keys = [(ETA, "bound η"), (STALENESS_MAX, "max staleness"), (STALENESS_MEAN, "mean staleness")]
+    if not logs.series(ETA, STEP)[0]:
+        return False
+    return _lines(ax, logs, keys, STEP)
 
 
 def chart_importance(ax, logs: RunLogs) -> bool:
@@ -247,6 +258,7 @@ CHARTS: dict[str, Callable] = {
     "reward_by_time": chart_reward_time,
     "response_length": chart_lengths,
     "staleness": chart_staleness,
+    "staleness_bound": chart_staleness_bound,
     "importance_weights": chart_importance,
     "drift": chart_drift,
     "ess": chart_ess,

@@ -122,8 +122,9 @@ class ControllerOptions:
 
     n_samples: int
     prompts_per_step: int
-    eta: int
+    eta: int  # the bound (rollout.eta=auto: the first one, then set_eta)
     max_new_tokens: int
+    eta_max: int | None = None  # rollout.eta=auto: the largest bound (None: η is fixed)
     temperature: float = 1.0
     top_p: float = 1.0
     concurrency: int = 0
@@ -168,6 +169,8 @@ class Group:
     prompt_ids: list[int]
     submit_version: int
     admitted_at: float
+    eta: int = 0  # the staleness bound in force when the group was admitted
+    completed_at: float | None = None
     trajectories: list[Trajectory] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     status: GroupStatus = GroupStatus.RUNNING
@@ -228,6 +231,9 @@ class RolloutController:
         self._filtered_in_row = 0  # all-equal groups in a row, filtered or past the cap
         self._filtered_this_step = 0  # groups dropped since the last batch was handed out
         self._gen_tokens = 0
+        self.eta = options.eta  # the bound in force (rollout.eta=auto: set_eta moves it)
+        self.batch_latency_s: float | None = None  # the last batch's slowest group
+        self.staleness_slack: int | None = None  # the last batch's min (bound − staleness)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -246,6 +252,14 @@ class RolloutController:
     def set_published_version(self, version: int) -> None:
         """The servers now run weights ``version``: the admission bound moves up."""
         self.published_version = version
+        self._notify()
+
+    def set_eta(self, eta: int) -> None:
+        """A new staleness bound for groups admitted from now on (``rollout.eta=auto``).
+        Groups already admitted keep the bound they were admitted under: the admission
+        proof (module docstring) holds for each group with its own η, and the trainer
+        checks every sample against the largest bound, ``rollout.eta_max``."""
+        self.eta = eta
         self._notify()
 
     def fail(self, exc: BaseException) -> None:
@@ -274,7 +288,7 @@ class RolloutController:
         return sum(1 for g in self._pending if g.status is GroupStatus.READY)
 
     def capacity(self) -> int:
-        return admission_capacity(self.published_version, self.opt.eta, self.opt.prompts_per_step)
+        return admission_capacity(self.published_version, self.eta, self.opt.prompts_per_step)
 
     def can_admit(self) -> bool:
         if self._fatal is not None:
@@ -317,6 +331,7 @@ class RolloutController:
             prompt_ids=prompt_ids,
             submit_version=self.published_version,
             admitted_at=time.perf_counter(),
+            eta=self.eta,
         )
         self._next_index += 1
         self._running[group.index] = group
@@ -429,6 +444,7 @@ class RolloutController:
         else:
             self._filtered_in_row = 0
         group.status = GroupStatus.READY
+        group.completed_at = time.perf_counter()
         del self._running[group.index]
         self.accepted += 1
         self.counters["accepted_groups"] += 1
@@ -463,6 +479,7 @@ class RolloutController:
     def _take_batch(self) -> list[Group]:
         """Hand out the B complete groups at the head, advantages computed over them."""
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
+        self._record_batch(batch)
         assign_advantages([g.trajectories for g in batch], self.opt.advantage, self.opt.gamma)
         if self._teacher is not None:
             apply_distillation(
@@ -474,6 +491,17 @@ class RolloutController:
         self._filtered_this_step = 0
         self._notify()
         return batch
+
+    def _record_batch(self, batch: list[Group]) -> None:
+        """The batch's slack, min over its samples of (the bound its group was admitted
+        under − its staleness at the version it trains; negative would be a controller bug,
+        ``rollout.eta=auto`` tests it), and its generation latency (its slowest group's
+        admission to completion)."""
+        version = self.consumed_version
+        slack = [g.eta - t.staleness(version) for g in batch for t in g.trajectories]
+        self.staleness_slack = min(slack) if slack else None
+        done = [g.completed_at - g.admitted_at for g in batch if g.completed_at is not None]
+        self.batch_latency_s = max(done) if done else None
 
     async def lagged_batch(self, version: int) -> list[Group]:
         """Lag emulation (``rollout.lag`` fixed / uniform; do not :meth:`start`): the next
@@ -569,6 +597,7 @@ class RolloutController:
             prompt_ids=self._encode(problem),
             submit_version=int(entry["submit_version"]),
             admitted_at=time.perf_counter(),
+            eta=self.hard_bound,
             status=GroupStatus(entry["status"]),
         )
         if group.status is GroupStatus.READY:
@@ -577,15 +606,20 @@ class RolloutController:
             self._check_restored_staleness(group)
         return group
 
+    @property
+    def hard_bound(self) -> int:
+        """The largest bound of the run: η, or ``rollout.eta_max`` with ``auto``."""
+        return self.opt.eta if self.opt.eta_max is None else self.opt.eta_max
+
     def _check_restored_staleness(self, group: Group) -> None:
         version = self.consumed_version
         try:
-            check_staleness(group.trajectories, version, self.opt.eta)
+            check_staleness(group.trajectories, version, self.hard_bound)
         except StalenessError as exc:
             worst = exc.worst
             raise RelayError(
                 f"checkpoint holds group {group.key} (prompt {group.problem.id!r}) of staleness "
-                f"{worst} at trainer version {version}, above rollout.eta={self.opt.eta}: it "
+                f"{worst} at trainer version {version}, above rollout.eta={self.hard_bound}: it "
                 f"must not be trained; resume with rollout.eta >= {worst}"
             ) from None
 

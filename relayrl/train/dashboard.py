@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from relayrl.config.schema import TrainConfig
 from relayrl.metric_names import (
     ELAPSED_S,
+    ETA,
     EVAL_PASS_AT_1,
     GEN_TOKENS_PER_S,
     PASS_RATE,
@@ -40,6 +41,7 @@ FIELDS: list[tuple[str, str, str]] = [
     (EVAL_PASS_AT_1, "eval pass@1", "{:.2f}"),
     (STALENESS_MEAN, "stale", "{:.2f}"),
     (STALENESS_MAX, "max", "{:.0f}"),
+    (ETA, "η", "{:.0f}"),  # the bound (rollout.eta=auto: the rule's choice after the step)
     (GEN_TOKENS_PER_S, "gen tok/s", "{:.0f}"),
     (TRAIN_TOKENS_PER_S, "train tok/s", "{:.0f}"),
     (SERVERS, "servers", "{}"),

@@ -139,6 +139,9 @@ class TrainingLoop:
     evals: list[dict[str, Any]] = field(default_factory=list)
     reports: list[EvalReport] = field(default_factory=list)
     warned_off_policy: bool = False
+    # the trainer's statistics of the step being finished, readable by the source's
+    # after_update (rollout.eta=auto reads the batch's drift and the trainer's time)
+    last_stats: dict[str, float] = field(default_factory=dict)
 
     async def evaluate(self, problems: list[Problem]) -> dict[str, Any]:
         """One held-out evaluation of the trainer's current weights: in this process on the
@@ -211,6 +214,7 @@ class TrainingLoop:
         trajs = [t for g in groups for t in g]
         version = self.trainer.version
         stats = await asyncio.to_thread(self.trainer.train_step, groups)
+        self.last_stats = stats
         self.logger.log_samples(trajs, step, version)
         last_step = step == self.total_steps - 1
         after = await source.after_update(self.trainer.version, last_step)

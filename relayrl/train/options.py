@@ -48,7 +48,8 @@ class TrainerOptions:
     """The knobs of :class:`relayrl.train.trainer.RLTrainer` (config key in brackets).
 
     - ``loss``: the policy loss (``algo.*``, see :class:`LossConfig`).
-    - ``eta``: the staleness bound every trained sample is checked against (``rollout.eta``).
+    - ``eta``: the staleness bound every trained sample is checked against (``rollout.eta``;
+      with ``auto``, ``rollout.eta_max``, the largest bound the rule may choose).
     - ``temperature``: T of the logprobs ``log_softmax(logits / T)``, the sampler's own
       (``rollout.temperature``).
     - ``max_new_tokens``: the generation budget, the ``seq_sum`` normaliser's length
@@ -60,6 +61,8 @@ class TrainerOptions:
       (``optim.*``).
     - ``drift_metrics``: the per-version drift pass after the update (``train.drift_metrics``).
     - ``replay``: D-ARL's settings when ``replay.enable``, else None.
+    - ``stale_kl``: log ``stale_kl_per_version``, the per-version drift of the batch's stale
+      tokens that ``rollout.eta=auto`` reads (on with ``auto``).
     """
 
     loss: LossConfig
@@ -78,6 +81,7 @@ class TrainerOptions:
     ppo_epochs: int
     drift_metrics: bool
     replay: ReplayConfig | None
+    stale_kl: bool = False
 
     @classmethod
     def from_config(cls, config: RunConfig) -> TrainerOptions:
@@ -85,7 +89,7 @@ class TrainerOptions:
         optim = config.optim
         return cls(
             loss=loss_config_from(config.algo),
-            eta=config.rollout.eta,
+            eta=config.rollout.eta_bound,
             temperature=config.rollout.temperature,
             max_new_tokens=config.rollout.max_new_tokens,
             lr=optim.lr,
@@ -100,6 +104,7 @@ class TrainerOptions:
             ppo_epochs=optim.ppo_epochs,
             drift_metrics=config.train.drift_metrics,
             replay=config.replay.model_copy() if config.replay.enable else None,
+            stale_kl=config.rollout.eta == "auto",
         )
 
 

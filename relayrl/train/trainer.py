@@ -15,7 +15,10 @@ then version + 1 (one version per batch, whatever the number of AdamW steps). Wi
 ``train.drift_metrics`` a no-grad pass after the update gives the per-version drift
 ``drift_kl_k3`` = KL(π_v ‖ π_v+1) and ``behav_prox_kl_k3`` = KL(μ ‖ π_v) on the batch's tokens
 (``relayrl.algo.losses.policy_drift``; a loss without π_prox takes log π_v from its first
-AdamW step's forward pass when that covers the whole batch, else one more pass before). Logprobs are
+AdamW step's forward pass when that covers the whole batch, else one more pass before). With
+``rollout.eta=auto`` the same log π_v gives ``stale_kl_per_version`` (Σ KL(μ ‖ π_v) / Σ
+staleness over the stale tokens, ``relayrl.algo.losses.stale_kl_per_version``), the drift
+the staleness bound's rule reads (``relayrl.rollout.eta``). Logprobs are
 ``log_softmax(logits / T)`` as in the engine (docs/engine.md).
 
 With ``replay.enable`` (D-ARL, ``relayrl.train.replay_step``): the proximal pass runs over
@@ -54,11 +57,13 @@ from relayrl.algo.losses import (
     loss_normalizer,
     policy_drift,
     policy_loss,
+    stale_kl_per_version,
 )
 from relayrl.algo.microbatch import pack_micro_batches
 from relayrl.engine.adapter import Adapter
 from relayrl.metric_names import (
     ESS_FRAC,
+    STALE_KL_PER_VERSION,
     STALENESS_MAX,
     STALENESS_MEAN,
     STALENESS_MIN,
@@ -286,7 +291,7 @@ class RLTrainer:
         before, first_logprobs = prox, None
         if fused_prox:  # π_prox = the update's own forward pass (detached), kept for stats
             first_logprobs = {}
-        elif self.options.drift_metrics and before is None:  # a loss without π_prox:
+        elif self._measures_drift() and before is None:  # a loss without π_prox:
             if self._one_local_update(parts):  # π_v from the update's own forward pass
                 first_logprobs = {}
             else:
@@ -310,6 +315,11 @@ class RLTrainer:
         if self.options.drift_metrics:
             after = self.traj_logprobs(self.model, trajs, whole)
             extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
+        if self.options.stale_kl and before is not None:
+            masks = [t.model_mask for t in trajs]
+            k = stale_kl_per_version(behav, vers, masks, before, self.version - 1)
+            if k is not None:
+                extra[STALE_KL_PER_VERSION] = k
         stats = combine_update_stats(updates)
         stats.update(extra)
         stats.update(
@@ -421,6 +431,11 @@ class RLTrainer:
         """Whether the step's first AdamW step computes every trajectory's logprobs here,
         under the weights the step starts from (one mini-batch, one process)."""
         return len(parts) == 1 and self.replay is None and self.world_size == 1
+
+    def _measures_drift(self) -> bool:
+        """Whether the step needs log π_v of every trained token besides the loss's own:
+        for the drift metrics or ``rollout.eta=auto``'s per-version drift."""
+        return self.options.drift_metrics or self.options.stale_kl
 
     def _needs_prox(self) -> bool:
         return self.loss_cfg.objective.needs_prox

@@ -18,6 +18,7 @@ from typing import Any
 from relayrl.errors import RelayError
 from relayrl.experiments.staleness.join import write_joined
 from relayrl.experiments.staleness.plan import (
+    AUTO,
     COMPARED,
     FULL,
     OVER_ETA,
@@ -25,6 +26,7 @@ from relayrl.experiments.staleness.plan import (
     QUICK,
     QUICK_SFT,
     Budget,
+    Eta,
     plan_cells,
 )
 from relayrl.experiments.staleness.report import (
@@ -95,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ppo-epochs", type=int, default=None, help="passes over the mini-batches per batch"
     )
+    add_auto_arguments(parser)
     parser.add_argument(
         "--lag",
         choices=("async", "fixed", "uniform"),
@@ -119,6 +122,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_auto_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the ``--etas auto`` cells (rollout.eta=auto, docs/async.md)."""
+    parser.add_argument(
+        "--eta-budget",
+        type=float,
+        default=None,
+        help="rollout.eta_budget of every run (what the auto cells use; default: the config's)",
+    )
+    parser.add_argument(
+        "--eta-max",
+        type=int,
+        default=None,
+        help="rollout.eta_max of every run (what the auto cells use; default: the config's)",
+    )
+
+
 def budget_from(args: argparse.Namespace) -> Budget:
     budget = QUICK if args.quick else FULL
     updates: dict[str, Any] = {"lag": args.lag}
@@ -135,6 +154,14 @@ def budget_from(args: argparse.Namespace) -> Budget:
         if args.lr <= 0:
             raise RelayError("--lr must be > 0")
         updates["lr"] = args.lr
+    if getattr(args, "eta_budget", None) is not None:
+        if args.eta_budget <= 0:
+            raise RelayError("--eta-budget must be > 0")
+        updates["eta_budget"] = args.eta_budget
+    if getattr(args, "eta_max", None) is not None:
+        if args.eta_max < 1:
+            raise RelayError("--eta-max must be >= 1")
+        updates["eta_max"] = args.eta_max
     for flag, field in (
         ("prompts_per_step", "prompts_per_step"),
         ("ppo_minibatches", "ppo_minibatches"),
@@ -152,7 +179,8 @@ def budget_from(args: argparse.Namespace) -> Budget:
             )
     for flag in ("etas", "darl_etas", "ablation_etas"):
         if getattr(args, flag, None) is not None:
-            updates[flag] = parse_etas(getattr(args, flag), f"--{flag.replace('_', '-')}")
+            name = f"--{flag.replace('_', '-')}"
+            updates[flag] = parse_etas(getattr(args, flag), name, auto=flag == "etas")
     if not updates.get("etas", budget.etas):
         raise RelayError("--etas needs at least one η")
     return replace(budget, **updates)
@@ -169,14 +197,16 @@ def parse_methods(text: str, flag: str) -> tuple[str, ...]:
     return names
 
 
-def parse_etas(text: str, flag: str) -> tuple[int, ...]:
-    """``"0,4,8"`` -> ``(0, 4, 8)``; ``""`` -> ``()``; distinct integers ≥ 0."""
+def parse_etas(text: str, flag: str, auto: bool = False) -> tuple[Eta, ...]:
+    """``"0,4,8"`` -> ``(0, 4, 8)``; ``""`` -> ``()``; distinct integers ≥ 0, and with
+    ``auto`` also the word ``auto`` (``rollout.eta=auto``)."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
+    words = "integers or auto" if auto else "integers"
     try:
-        etas = tuple(int(p) for p in parts)
+        etas = tuple(p if auto and p == AUTO else int(p) for p in parts)
     except ValueError:
-        raise RelayError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if any(e < 0 for e in etas) or len(set(etas)) != len(etas):
+        raise RelayError(f"{flag}: expected comma-separated {words}, got {text!r}") from None
+    if any(isinstance(e, int) and e < 0 for e in etas) or len(set(etas)) != len(etas):
         raise RelayError(f"{flag}: expected distinct integers >= 0, got {text!r}")
     return etas
 

@@ -25,7 +25,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from relayrl.errors import RelayError
-from relayrl.experiments.staleness.plan import ABLATIONS, CONTROLS, PRESETS, is_darl
+from relayrl.experiments.staleness.plan import (
+    ABLATIONS,
+    AUTO,
+    CONTROLS,
+    PRESETS,
+    Eta,
+    eta_key,
+    fixed_etas,
+    is_darl,
+)
 from relayrl.experiments.staleness.report import table_darl
 from relayrl.experiments.staleness.runner import CellResult
 from relayrl.experiments.staleness.stats import (
@@ -87,8 +96,25 @@ def eta_methods(cells: Cells) -> list[str]:
     return sorted(names, key=lambda m: rank.get(m, len(rank)))
 
 
-def etas_of(cells: Cells, methods: Sequence[str]) -> list[int]:
-    return sorted({eta for m, eta in cells if m in methods})
+def etas_of(cells: Cells, methods: Sequence[str]) -> list[Eta]:
+    """The η values of ``methods``' cells, integers in order, then ``auto``."""
+    return sorted({eta for m, eta in cells if m in methods}, key=eta_key)
+
+
+def lo_hi(etas: Sequence[Eta]) -> tuple[Eta, Eta]:
+    """The smallest and largest integer η (``auto`` only when there is no integer)."""
+    fixed = fixed_etas(etas)
+    return (fixed[0], fixed[-1]) if fixed else (etas[0], etas[-1])
+
+
+def auto_vs_best(cells: Cells, method: str, fixed: Sequence[int]) -> str:
+    """``auto``'s paired difference against the method's best fixed η (by seed-mean final
+    pass@1), that η named."""
+    runs = [e for e in fixed if (method, e) in cells]
+    if (method, AUTO) not in cells or not runs:
+        return "—"
+    best = max(runs, key=lambda e: statistics.fmean(r.final_pass for r in cells[(method, e)]))
+    return f"{fmt_paired(paired(cells[(method, AUTO)], cells[(method, best)]))} (η = {best})"
 
 
 def mean_known(values: Sequence[float | None]) -> str:
@@ -115,7 +141,9 @@ def table_final(cells: Cells) -> list[str]:
     etas = etas_of(cells, methods)
     if not etas:
         return []
-    lo, hi, seeds = etas[0], etas[-1], seeds_of(cells)
+    (lo, hi), seeds = lo_hi(etas), seeds_of(cells)
+    fixed = fixed_etas(etas)
+    with_auto = AUTO in etas and bool(fixed)
     head = [f"η = {e}" for e in etas]
     head += [f"drift KL(π_v‖π_v+1) at η = {hi}", f"KL(μ‖π_v) at η = {hi}"]
     if hi != lo:
@@ -123,6 +151,8 @@ def table_final(cells: Cells) -> list[str]:
     reference = "naive" if ("naive", hi) in cells else None
     if reference:
         head.append(f"vs naive at η = {hi} (paired)")
+    if with_auto:
+        head.append("auto − best fixed η (paired)")
     lines = ["| method | " + " | ".join(head) + " |", "| --- " * (len(head) + 1) + "|"]
     for m in methods:
         top = cells.get((m, hi), [])
@@ -132,6 +162,8 @@ def table_final(cells: Cells) -> list[str]:
             row.append(fmt_paired(paired(top, cells.get((m, lo), []))))
         if reference:
             row.append("—" if m == reference else fmt_paired(paired(top, cells[(reference, hi)])))
+        if with_auto:
+            row.append(auto_vs_best(cells, m, fixed))
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     return lines
 
@@ -141,7 +173,7 @@ def per_seed_line(cells: Cells, name: str) -> list[str]:
     etas = etas_of(cells, [m for m, _ in cells])
     if not etas:
         return []
-    hi = etas[-1]
+    hi = lo_hi(etas)[1]
     methods = [m for m in [*eta_methods(cells), *CONTROLS, "darl"] if (m, hi) in cells]
     seeds = sorted({r.seed for m in methods for r in cells[(m, hi)]})
     parts = [

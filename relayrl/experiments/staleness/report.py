@@ -24,6 +24,7 @@ from relayrl.experiments.staleness.plan import (
     Budget,
     Cell,
     cell_config,
+    eta_key,
 )
 from relayrl.experiments.staleness.runner import (
     CellResult,
@@ -112,7 +113,7 @@ def table_ablation(cells, etas: Sequence[int]) -> list[str]:
 def findings(cells, budget: Budget) -> list[str]:
     """Plain statements read off the numbers (no interpretation beyond the comparison)."""
     out = []
-    lo = min(budget.etas)
+    lo = min(budget.etas, key=eta_key)
     for method in budget.over_eta:
         by_eta = {eta: cells[(method, eta)] for eta in budget.etas if (method, eta) in cells}
         if lo not in by_eta or len(by_eta) < 2:

@@ -97,7 +97,6 @@ class LiveSource:
         self.setup, self.launcher, self.client = setup, launcher, client
         self.supervisor, self.rollout, self.publication = supervisor, rollout, publication
         self.controller = rollout.controller
-        self.interval = publish_interval(config.train.publish_every, config.rollout.eta)
         self.checkpoints = RunCheckpoints(
             setup.run_dir,
             config.train.checkpoint_every,
@@ -106,6 +105,8 @@ class LiveSource:
             setup.tokenizer,
         )
         self.checkpoints.register("controller", self.controller)
+        if rollout.auto_eta is not None:
+            self.checkpoints.register("auto_eta", rollout.auto_eta, required=False)
 
     @classmethod
     async def connect(
@@ -152,6 +153,12 @@ class LiveSource:
         )
         return cls(setup, launcher, client, supervisor, rollout, publication)
 
+    @property
+    def interval(self) -> int:
+        """Steps between publications, at most the bound in force + 1 (it moves with
+        ``rollout.eta=auto``)."""
+        return publish_interval(self.setup.config.train.publish_every, self.controller.eta)
+
     # ------------------------------------------------------------------ the run
     async def train(self, resume_from: Checkpoint | None) -> TrainResult:
         """Resume (if ``resume_from``), start the controller and the watchdog, run the
@@ -197,6 +204,8 @@ class LiveSource:
             return 0
         controller = self.controller
         done = self.checkpoints.restore(resume_from)
+        if self.rollout.auto_eta is not None:  # rollout.eta=auto: the bound it had reached
+            controller.set_eta(self.rollout.auto_eta.eta)
         versions = (done, self.setup.trainer.version, controller.consumed_version)
         assert len(set(versions)) == 1, f"checkpoint step, trainer, controller: {versions}"
         await self.publication.publish(wait=True)
@@ -260,12 +269,14 @@ class LiveSource:
         """Publish when the servers lag the trainer by the publication interval (not after
         the last step: the run is over), then the controller's and graders' counters."""
         t_sync = 0.0
+        bound = self.rollout.next_eta(self.setup.training.last_stats, timed=True)
         lag = trainer_version - self.controller.published_version
         if not last_step and lag >= self.interval:
             t_sync = await self.publication.publish()
         metrics: dict[str, Any] = {
             TIME_SYNC_S: t_sync,
             PUBLISH_LATENCY_S: self.publication.seconds,
+            **bound,
         }
         metrics.update(self.rollout.counters())
         return metrics

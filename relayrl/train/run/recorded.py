@@ -180,7 +180,7 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     config = with_progress(config, progress)
     steps = load_recorded_steps(source)[: config.train.total_steps]
     config = replay_config(config, source)
-    check_staleness(steps, config.rollout.eta)
+    check_staleness(steps, config.rollout.eta_bound)
     check_loggers(config)
     for line in config_differences(config, source):
         print(f"replay differs from the recorded run: {line}", flush=True)

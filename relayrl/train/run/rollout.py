@@ -12,6 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config.schema import RunConfig
+from relayrl.metric_names import (
+    ETA,
+    ETA_DRIFT,
+    STALE_KL_PER_VERSION,
+    STALENESS_SLACK,
+    TIME_DRIFT_S,
+    TIME_PROX_S,
+    TIME_UPDATE_S,
+)
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.controller import (
     ControllerOptions,
@@ -20,6 +29,7 @@ from relayrl.rollout.controller import (
     filter_cap,
 )
 from relayrl.rollout.distill import TeacherScorer
+from relayrl.rollout.eta import INITIAL_ETA, AutoEta
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import WORKFLOWS, GenerateFn, GenerateGroupFn
 from relayrl.runkey import key_from_env
@@ -32,8 +42,9 @@ def controller_options(config: RunConfig) -> ControllerOptions:
     return ControllerOptions(
         n_samples=r.n_samples,
         prompts_per_step=r.prompts_per_step,
-        eta=r.eta,
+        eta=INITIAL_ETA if r.eta == "auto" else r.eta,
         max_new_tokens=r.max_new_tokens,
+        eta_max=r.eta_max if r.eta == "auto" else None,
         temperature=r.temperature,
         top_p=r.top_p,
         concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
@@ -68,6 +79,7 @@ class RolloutSide:
 
     controller: RolloutController
     pool: GradingPool
+    auto_eta: AutoEta | None = None  # rollout.eta=auto: the rule that moves the bound
 
     @classmethod
     def build(
@@ -92,7 +104,28 @@ class RolloutSide:
             encode_text=setup.encode_text,
             teacher=teacher_scorer(config),
         )
-        return cls(controller, pool)
+        r = config.rollout
+        auto = AutoEta(r.eta_max, r.eta_budget, INITIAL_ETA) if r.eta == "auto" else None
+        return cls(controller, pool, auto)
+
+    def next_eta(self, stats: dict[str, Any], timed: bool) -> dict[str, Any]:
+        """After a step: with ``rollout.eta=auto`` feed the rule the batch's drift (and,
+        when ``timed``, the batch's generation latency and the trainer's seconds) and move
+        the controller's bound; the step's row gets the bound and the batch's slack."""
+        controller = self.controller
+        row: dict[str, Any] = {ETA: float(controller.eta)}
+        if controller.staleness_slack is not None:
+            row[STALENESS_SLACK] = float(controller.staleness_slack)
+        if self.auto_eta is None:
+            return row
+        train_s = sum(float(stats.get(k, 0.0)) for k in (TIME_PROX_S, TIME_UPDATE_S, TIME_DRIFT_S))
+        latency = controller.batch_latency_s if timed else None
+        eta = self.auto_eta.update(stats.get(STALE_KL_PER_VERSION), latency, train_s)
+        controller.set_eta(eta)
+        row[ETA] = float(eta)
+        if self.auto_eta.drift is not None:
+            row[ETA_DRIFT] = self.auto_eta.drift
+        return row
 
     def counters(self) -> dict[str, Any]:
         """The controller's and graders' counters, for a step's metrics row."""
