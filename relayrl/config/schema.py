@@ -247,7 +247,10 @@ class RolloutConfig(Section):
         "generation vs training time (docs/async.md, η = auto)",
     )
     eta_max: int = Field(
-        8, ge=1, description="rollout.eta=auto: the largest bound the rule may choose"
+        4,
+        ge=1,
+        description="rollout.eta=auto: the largest bound the rule may choose (default the "
+        "fixed default η: auto only lowers the bound where the drift is high; docs/async.md)",
     )
     eta_budget: float = Field(
         DEFAULT_ETA_BUDGET,

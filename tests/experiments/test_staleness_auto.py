@@ -31,7 +31,7 @@ def test_auto_cell_config(tmp_path):
     config = plan.cell_config(cell, plan.FULL, tmp_path / "m", tmp_path)
     assert (config.rollout.eta, config.rollout.eta_bound, config.name) == (
         "auto",
-        8,
+        4,  # rollout.eta_max's default: the fixed default η
         "naive-etaauto-seed1",
     )
 
