@@ -237,7 +237,12 @@ def test_adapter_publications_interrupt_requests_exactly(
 # η = 0: every step's tokens come from the adapter just published (engine_trainer_kl_k3 on
 # each step); η = 2: the staleness bound asked for, KL on its steps with fresh tokens
 @needs_vllm
-@pytest.mark.parametrize(("eta", "mode"), [(0, "retract"), (2, "retract"), (2, "inflight")])
+# (2, inflight) is benchmark-marked for the suite's 15 minutes: in-flight publication on vLLM
+# has its own test without LoRA (test_vllm_backend.py), and LoRA's keep mode is above
+@pytest.mark.parametrize(
+    ("eta", "mode"),
+    [(0, "retract"), (2, "retract"), pytest.param(2, "inflight", marks=pytest.mark.benchmark)],
+)
 def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta, mode):
     """`relayrl train configs/async.yaml model.lora.r=8 rollout.engine=vllm` (the tiny model,
     the short run's sizes, 4 steps, a grader that rewards random outputs by parity so the
