@@ -118,3 +118,25 @@ def recompute(model, prompt: list[int], output: list[int], temperature: float) -
 def prompts(n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 250) for _ in range(rng.randint(4, 16))] for _ in range(n)]
+
+
+def count_spanning_and_check_versions(batch, gens, models, mode: str, budget: int) -> int:
+    """Generations of ``batch`` made while publications landed: each has ``budget`` tokens
+    with non-decreasing versions, and (unless ``mode`` is ``keep``, where tokens after a
+    publication continue on old KV) every token's logprob is that of the model its version
+    names (``models``: version -> model) within :data:`MAX_LOGPROB_DIFF`. Returns how many
+    requests span more than one version."""
+    spanning = 0
+    for prompt, gen in zip(batch, gens, strict=True):
+        assert len(gen.output_ids) == budget == len(gen.output_logprobs)
+        assert gen.output_versions == sorted(gen.output_versions)
+        spanning += len(set(gen.output_versions)) > 1
+        if mode == "keep":
+            continue
+        got, versions = torch.tensor(gen.output_logprobs), torch.tensor(gen.output_versions)
+        for version, model in models.items():
+            mine = versions == version
+            if mine.any():
+                ref = recompute(model, prompt, gen.output_ids, 1.0)
+                assert (got - ref)[mine].abs().max().item() < MAX_LOGPROB_DIFF, version
+    return spanning

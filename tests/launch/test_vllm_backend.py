@@ -44,6 +44,7 @@ from tests.launch._vllm import (
     MAX_LOGPROB_DIFF,
     MAX_MEAN_K3,
     VLLM_PYTHON,
+    count_spanning_and_check_versions,
     needs_vllm,
     perturbed,
     prompts,
@@ -317,20 +318,7 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
             return gens
 
     gens = run(go())
-    spanning = 0
-    for prompt, gen in zip(batch, gens, strict=True):
-        assert len(gen.output_ids) == BUDGET == len(gen.output_logprobs)
-        assert gen.output_versions == sorted(gen.output_versions)
-        spanning += len(set(gen.output_versions)) > 1
-        if mode == "keep":
-            continue
-        got = torch.tensor(gen.output_logprobs)
-        versions = torch.tensor(gen.output_versions)
-        for version, model in models.items():
-            mine = versions == version
-            if mine.any():
-                ref = recompute(model, prompt, gen.output_ids, 1.0)
-                assert (got - ref)[mine].abs().max().item() < MAX_LOGPROB_DIFF, version
+    spanning = count_spanning_and_check_versions(batch, gens, models, mode, BUDGET)
     print(f"{mode}: {spanning}/{len(batch)} requests span versions")
     assert spanning > 0, "no request was interrupted: publish earlier"
     if mode == "abort":

@@ -42,6 +42,7 @@ from relayrl.models.loading import load_model
 from tests.launch._vllm import (
     MAX_LOGPROB_DIFF,
     MAX_MEAN_K3,
+    count_spanning_and_check_versions,
     needs_vllm,
     prompts,
     recompute,
@@ -217,19 +218,7 @@ def test_adapter_publications_interrupt_requests_exactly(
             return gens
 
     gens = asyncio.run(go())
-    spanning = 0
-    for prompt, gen in zip(batch, gens, strict=True):
-        assert len(gen.output_ids) == BUDGET == len(gen.output_logprobs)
-        assert gen.output_versions == sorted(gen.output_versions)
-        spanning += len(set(gen.output_versions)) > 1
-        if mode == "keep":
-            continue
-        got, versions = torch.tensor(gen.output_logprobs), torch.tensor(gen.output_versions)
-        for version, model in models.items():
-            mine = versions == version
-            if mine.any():
-                ref = recompute(model, prompt, gen.output_ids, 1.0)
-                assert (got - ref)[mine].abs().max().item() < MAX_LOGPROB_DIFF, version
+    spanning = count_spanning_and_check_versions(batch, gens, models, mode, BUDGET)
     print(f"{mode}: {spanning}/{len(batch)} requests span adapter versions")
     assert spanning > 0, "no request was interrupted: publish earlier"
 
