@@ -27,6 +27,8 @@ PRESETS = {
     "decoupled_geo": "async_decoupled_geo.yaml",
     "gspo": "async_gspo.yaml",
     "seq_mean_token_mean": "async_seq_mean.yaml",
+    "cispo": "async_cispo.yaml",
+    "reinforce_pp": "async_reinforce_pp.yaml",
     "darl": "darl.yaml",
     "darl_noreplay": "darl.yaml",
     "darl_uniform": "darl.yaml",
@@ -61,6 +63,8 @@ LABELS = {
     "decoupled_geo": "decoupled PPO + geometric TIS (C = 2)",
     "gspo": "GSPO, geometric TIS (C = 2), per-sequence token means",
     "seq_mean_token_mean": "naive async, per-sequence token means (TRL's grpo loss)",
+    "cispo": "CISPO (min(π_θ/μ, 5) as a stop-gradient weight, every token's gradient)",
+    "reinforce_pp": "naive async, REINFORCE++ advantages (whitened token returns)",
     "darl": "D-ARL",
     "darl_noreplay": "D-ARL without replay (ESS weights over fresh samples only)",
     "darl_uniform": "D-ARL with uniform weights (replay + selection)",
@@ -79,6 +83,8 @@ SHORT = {
     "decoupled_geo": "geo",
     "gspo": "GSPO",
     "seq_mean_token_mean": "seq-mean",
+    "cispo": "CISPO",
+    "reinforce_pp": "REINFORCE++",
 }
 
 
