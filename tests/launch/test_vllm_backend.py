@@ -286,10 +286,11 @@ def test_published_weights_are_served_exactly_with_their_version(server, policy,
 def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode, grouped):
     """Publications one after another, versions 1, 2, ... (at most :data:`PUBLICATIONS`),
     for as long as 64 requests decode, 16 at a time (the server's rollout.max_running_requests).
-    Paced by the requests, not by the clock: three publications at random moments in the
-    first 0.3 s missed the waves both on a lightly loaded machine (the first wave was done)
-    and on a slow one (all three landed before decoding began; CI, 2026-11-25); vLLM's
-    ``/metrics`` token counter moves in jumps of thousands of tokens, too coarse to pace by.
+    Paced by the requests, not by the clock: each publication waits until the server is
+    decoding (:func:`until_decoding`); publications at fixed moments missed the waves both on
+    a lightly loaded machine (the first wave was done) and on a slow one (all landed before
+    decoding began; CI, 2026-11-25, twice); vLLM's ``/metrics`` token counter moves in jumps
+    of thousands of tokens, too coarse to pace by, its running-requests gauge is not.
     Every request ends with exactly its budget (no token lost or duplicated), its versions
     never go down, some requests span versions, and (abort-and-resubmit) each token's
     logprob is that of the weights its version names. ``keep``: the running requests keep
@@ -309,8 +310,7 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
             await client.update_weights(str(dirs[0]), 0, keep_kv=mode == "keep")
             tasks = submit(client, batch, params, grouped)
             for version in range(1, PUBLICATIONS + 1):
-                await asyncio.sleep(0.02)
-                if all(task.done() for task in tasks):
+                if not await until_decoding(url, tasks):
                     break
                 await client.update_weights(str(dirs[version]), version, keep_kv=mode == "keep")
             gens = [g for out in await asyncio.gather(*tasks) for g in out]
@@ -323,6 +323,32 @@ def test_interrupted_requests_keep_exact_versions(server, policy, tmp_path, mode
     assert spanning > 0, "no request was interrupted: publish earlier"
     if mode == "abort":
         assert sum(g.resubmissions for g in gens) >= spanning
+
+
+RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+
+
+async def until_decoding(url: str, tasks, deadline_s: float = 120.0) -> bool:
+    """Wait until the server decodes at least one request (vLLM's ``num_requests_running``
+    gauge on the open ``/metrics``), so that the next publication lands on running requests;
+    False once every task is done. Under load (CI, 2026-11-25: 0 of 64 requests spanned a
+    version) vLLM took longer to start decoding than 12 publications paced only by a 20 ms
+    sleep, which all landed before the first token."""
+    import urllib.request
+
+    def running() -> float:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+            found = RUNNING.findall(answer.read().decode())
+        assert found, "vLLM's /metrics has no vllm:num_requests_running gauge"
+        return sum(float(v) for v in found)
+
+    end = time.monotonic() + deadline_s
+    while not all(task.done() for task in tasks):
+        if await asyncio.to_thread(running) > 0:
+            return True
+        assert time.monotonic() < end, f"no request decoding within {deadline_s} s"
+        await asyncio.sleep(0.02)
+    return False
 
 
 def submit(client, batch, params, grouped):

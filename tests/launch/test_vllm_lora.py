@@ -188,7 +188,7 @@ def test_adapter_publications_interrupt_requests_exactly(
     (abort-and-resubmit) each token's logprob is that of the base + the adapter its version
     names. ``keep``: running requests continue under the new adapter with their KV (only
     the version tags are checked, as for full weights)."""
-    from tests.launch.test_vllm_backend import BUDGET, submit
+    from tests.launch.test_vllm_backend import BUDGET, submit, until_decoding
 
     publications = 8
     snapshots = {
@@ -207,8 +207,7 @@ def test_adapter_publications_interrupt_requests_exactly(
             await client.update_weights(base_dir, 0, keep_kv=mode == "keep")  # the base, v0
             tasks = submit(client, batch, params, grouped=False)
             for version in range(1, publications + 1):
-                await asyncio.sleep(0.02)
-                if all(task.done() for task in tasks):
+                if not await until_decoding(lora_server.urls[0], tasks):
                     break
                 await client.update_weights(
                     str(snapshots[version]), version, keep_kv=mode == "keep"
