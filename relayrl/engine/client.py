@@ -368,9 +368,13 @@ class RolloutClient:
         """One generate call (:attr:`GENERATE_PATH`), no resubmission."""
         url = url or self.server_for(key)
         body = self.generate_body(input_ids, sampling_params)
-        return self.parse_generation(
-            url, await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
-        )
+        return self.parse_generation(url, await self.post_generation(url, body))
+
+    async def post_generation(self, url: str, body: dict[str, Any]) -> Any:
+        """POST one generation ``body`` (one request, or a batch or group of them) to
+        :attr:`GENERATE_PATH` on ``url``; its decoded answer. The one place a backend adds
+        what every generation needs (the vLLM client: its LoRA adapter)."""
+        return await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
 
     # the wire protocol of one generation (SGLang's native /generate; see VLLMClient), and
     # whether the server takes a list of prompts in one call (generate_many)
@@ -411,7 +415,7 @@ class RolloutClient:
             "return_logprob": True,
         }
         try:
-            answers = await self._request("POST", url, "/generate", body, generation=True)
+            answers = await self.post_generation(url, body)
         except RolloutServerError as exc:
             if not exc.unreachable or self.recover is None:
                 raise

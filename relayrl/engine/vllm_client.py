@@ -418,28 +418,21 @@ class VLLMClient(RolloutClient):
         """``body`` naming the served LoRA adapter (``lora``; else the base model)."""
         return body | {"model": ADAPTER_NAME} if self.lora else body
 
-    async def generate_once(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams | dict[str, Any],
-        key: str | None = None,
-        url: str | None = None,
-    ) -> Generation:
+    async def post_generation(self, url: str, body: dict[str, Any]) -> Any:
         """The base class's, on a server that serves the adapter (``lora``): loaded first
         if this client has not loaded one there, and again (then the request repeated) if
         the server answers that it does not know it (restarted at the same address)."""
-        url = url or self.server_for(key)
         if not self.lora:
-            return await super().generate_once(input_ids, sampling_params, url=url)
+            return await super().post_generation(url, body)
         await self._ensure_adapter(url)
         try:
-            return await super().generate_once(input_ids, sampling_params, url=url)
+            return await super().post_generation(url, body)
         except RolloutServerError as exc:
             if exc.status != 404 or ADAPTER_NAME not in str(exc):
                 raise
         self._adapters.pop(url, None)
         await self._ensure_adapter(url)
-        return await super().generate_once(input_ids, sampling_params, url=url)
+        return await super().post_generation(url, body)
 
     def parse_generation(self, url: str, data: dict[str, Any]) -> Generation:
         return parse_vllm_generation(url, data)
@@ -463,14 +456,10 @@ class VLLMClient(RolloutClient):
         body = self._with_adapter(body)
         url = self.server_for(key)
         try:
-            if self.lora:
-                await self._ensure_adapter(url)
-            data = await self._request("POST", url, self.GENERATE_PATH, body, generation=True)
+            data = await self.post_generation(url, body)
         except RolloutServerError as exc:
             if exc.status == 400 and "sampling_params.n" in str(exc):  # n > max_num_seqs
                 self._refused_n = min(self._refused_n, len(params))
-            elif self.lora and exc.status == 404 and ADAPTER_NAME in str(exc):
-                self._adapters.pop(url, None)  # restarted: one per sample loads it again
             elif not exc.unreachable or self.recover is None:
                 raise
             return await self._one_per_sample(input_ids, params, key)
