@@ -61,7 +61,7 @@ HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a 
 TRL_VERSION = "1.16.0"
 TRL_THREADS = 2  # TRL runs alone on the machine, so it gets both cores
 ASYNC_THREADS = {"server": 1, "trainer": 1}  # generation and training overlap
-ASYNC_ETA = 4  # the demo's preset; --eta changes it
+DEFAULT_ETA = "default"  # the async side keeps relayrl's default rollout.eta; --eta sets it
 SYNC_THREADS = {"server": 2, "trainer": 2}  # η = 0: the phases alternate, each may use both
 SIDES = ("relayrl_async", "relayrl_sync", "trl")
 RSS_POLL_S = 0.2
@@ -102,7 +102,7 @@ class Settings(RunBudget):
     workload: str = "demo"
     target: float | None = None
     target_fraction: float = DEFAULT_TARGET_FRACTION
-    async_eta: int = ASYNC_ETA
+    async_eta: int | str = DEFAULT_ETA  # an integer ≥ 1, 'auto' or relayrl's default
     seed: int = 0
     extra_overrides: tuple[str, ...] = ()  # the workload's task and model settings
 
@@ -242,9 +242,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-problems", type=int, default=None, help="held-out problems")
     parser.add_argument(
         "--eta",
-        type=int,
         default=None,
-        help=f"staleness bound of the relayrl async side (default {ASYNC_ETA}, the demo's)",
+        help="staleness bound of the relayrl async side: an integer ≥ 1 or auto (default: "
+        "relayrl's default rollout.eta)",
     )
     parser.add_argument("--out", default="runs/bench_trl", help="output directory")
     parser.add_argument(
@@ -283,9 +283,29 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise RelayError(f"--target must be in (0, 1] (got {s.target})")
     if not 0 < s.target_fraction <= 1:
         raise RelayError(f"--target-fraction must be in (0, 1] (got {s.target_fraction})")
-    if s.async_eta < 1:
-        raise RelayError(f"--eta must be ≥ 1 for the async side (got {s.async_eta})")
-    return s
+    return replace(s, async_eta=parse_eta(s.async_eta))
+
+
+def parse_eta(value: int | str) -> int | str:
+    """``--eta``: ``auto``, an integer ≥ 1, or the default (relayrl's ``rollout.eta``)."""
+    if value in ("auto", DEFAULT_ETA):
+        return value
+    try:
+        eta = int(value)
+    except (TypeError, ValueError):
+        raise RelayError(f"--eta must be an integer ≥ 1 or auto (got {value!r})") from None
+    if eta < 1:
+        raise RelayError(f"--eta must be ≥ 1 for the async side (got {eta})")
+    return eta
+
+
+def async_eta_label(s: Settings) -> str:
+    """The async side's bound as run: ``4``, ``auto`` or the default's value."""
+    if s.async_eta != DEFAULT_ETA:
+        return str(s.async_eta)
+    from relayrl.config.schema import RolloutConfig
+
+    return f"{RolloutConfig().eta} (default)"
 
 
 def parse_sides(text: str) -> list[str]:
@@ -329,12 +349,13 @@ def run_config(
 
     async_side = side == "relayrl_async"
     eta, threads = (s.async_eta, ASYNC_THREADS) if async_side else (0, SYNC_THREADS)
+    eta_override = [] if eta == DEFAULT_ETA else [f"rollout.eta={eta}"]
     overrides = [
         f"output_dir={out / 'runs'}",
         f"name={run_name(side, s.seed)}",
         f"seed={s.seed}",
         *([f"model.path={model_dir}"] if model_dir else []),
-        f"rollout.eta={eta}",
+        *eta_override,
         f"rollout.server_threads={threads['server']}",
         f"train.trainer_threads={threads['trainer']}",
         *s.overrides(),
@@ -737,7 +758,7 @@ def write_outputs(
     (out / "trl_bench.json").write_text(json.dumps(doc, indent=2))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     labels = {
-        "relayrl_async": f"relayrl async (η={s.async_eta})",
+        "relayrl_async": f"relayrl async (η={async_eta_label(s)})",
         "relayrl_sync": "relayrl sync (η=0)",
     }
     colours = {"relayrl_async": "tab:blue", "relayrl_sync": "tab:orange", "trl": "tab:green"}
@@ -842,7 +863,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"bench trl: workload={s.workload} ({workload_of(args).about}) model={model_dir} "
         f"steps={s.steps} B={s.prompts_per_step} n={s.n_samples} "
-        f"max_new_tokens={s.max_new_tokens} async eta={s.async_eta} eval every {s.eval_every} steps on "
+        f"max_new_tokens={s.max_new_tokens} async eta={async_eta_label(s)} eval every {s.eval_every} steps on "
         f"{s.eval_problems} held-out problems, {rule}, seeds {','.join(map(str, seeds))}, "
         f"load average {load:.2f} on {os.cpu_count()} cores"
     )

@@ -92,11 +92,18 @@ def encode_prompt(tokenizer, prompt: str, system_prompt: str | None = None) -> l
     the plain template (the prompt and a newline, after which the completion starts).
     ``system_prompt`` (``model.system_prompt``): a system message before the prompt, the
     template's system turn; without a template, a first paragraph."""
+    return tokenizer(prompt_text(tokenizer, prompt, system_prompt), add_special_tokens=False)[
+        "input_ids"
+    ]
+
+
+def prompt_text(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
+    """The text :func:`encode_prompt` tokenizes (for callers that tokenize many at once)."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages.append({"role": "user", "content": prompt})
         try:
-            text = tokenizer.apply_chat_template(
+            return tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja's TemplateError: raise_exception() in the template
@@ -106,8 +113,6 @@ def encode_prompt(tokenizer, prompt: str, system_prompt: str | None = None) -> l
                 f"model.system_prompt: the tokenizer's chat template refuses a system "
                 f"message ({exc}); unset it or put the instructions in the prompt template"
             ) from exc
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
     if system_prompt:
         prompt = f"{system_prompt}\n\n{prompt}"
-    text = PLAIN_TEMPLATE.format(prompt=prompt)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return PLAIN_TEMPLATE.format(prompt=prompt)

@@ -18,8 +18,8 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.models.loading import (
-    encode_prompt,
     prefer_shape_agnostic_attention,
+    prompt_text,
     quiet_libraries,
 )
 from relayrl.tasks.base import Problem, SyntheticTask
@@ -41,33 +41,47 @@ def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], 
     return encode_segments(tokenizer, prompt, [(completion, True)])
 
 
+Segments = list[tuple[str, bool]]  # (text, written by the model) in order
+
+
 def encode_segments(
-    tokenizer, prompt: str, segments: list[tuple[str, bool]], system_prompt: str | None = None
+    tokenizer, prompt: str, segments: Segments, system_prompt: str | None = None
 ) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a multi-turn demonstration: each segment encoded on its own
     (as an episode encodes each turn and observation), the prompt and the segments not
     written by the model (observations) masked, EOS appended as the model's."""
-    ids = encode_prompt(tokenizer, prompt, system_prompt)
-    labels = [IGNORE_INDEX] * len(ids)
-    for text, trained in segments:
-        part = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += part
-        labels += part if trained else [IGNORE_INDEX] * len(part)
-    ids.append(tokenizer.eos_token_id)
-    labels.append(tokenizer.eos_token_id)
-    return ids, labels
+    return encode_demonstrations(tokenizer, [(prompt, segments)], system_prompt)[0]
+
+
+def encode_demonstrations(
+    tokenizer, demonstrations: list[tuple[str, Segments]], system_prompt: str | None = None
+) -> list[tuple[list[int], list[int]]]:
+    """:func:`encode_segments` of many demonstrations with one tokenizer call (a call per
+    text cost SFT ~8 % of its step time on the demo's model)."""
+    prompts = [prompt_text(tokenizer, prompt, system_prompt) for prompt, _ in demonstrations]
+    texts = [text for _, segments in demonstrations for text, _ in segments]
+    encoded = iter(tokenizer(prompts + texts, add_special_tokens=False)["input_ids"])
+    prompt_ids = [next(encoded) for _ in prompts]
+    examples = []
+    for ids, (_, segments) in zip(prompt_ids, demonstrations, strict=True):
+        ids = list(ids)
+        labels = [IGNORE_INDEX] * len(ids)
+        for _, trained in segments:
+            part = next(encoded)
+            ids += part
+            labels += part if trained else [IGNORE_INDEX] * len(part)
+        ids.append(tokenizer.eos_token_id)
+        labels.append(tokenizer.eos_token_id)
+        examples.append((ids, labels))
+    return examples
 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-padded input ids, attention mask and labels."""
     width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, (x, y) in enumerate(examples):
-        ids[row, : len(x)] = torch.tensor(x)
-        labels[row, : len(y)] = torch.tensor(y)
-        mask[row, : len(x)] = 1
+    ids = torch.tensor([x + [pad_id] * (width - len(x)) for x, _ in examples])
+    labels = torch.tensor([y + [IGNORE_INDEX] * (width - len(y)) for _, y in examples])
+    mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in examples])
     return ids, mask, labels
 
 
@@ -118,19 +132,19 @@ class DemonstrationStream:
         self.order: list[int] = []
         self.ready: list[list[tuple[list[int], list[int]]]] = []
 
-    def _next_example(self) -> tuple[list[int], list[int]]:
+    def _next_demonstration(self) -> tuple[str, Segments]:
         if not self.order:
             self.order = list(range(len(self.problems)))
             self.rng.shuffle(self.order)
         problem = self.problems[self.order.pop()]
         wrong = self.rng.random() < self.wrong_fraction
-        segments = self.task.demonstration_segments(problem, self.rng, wrong)
-        return encode_segments(self.tokenizer, problem.prompt, segments, self.system_prompt)
+        return problem.prompt, self.task.demonstration_segments(problem, self.rng, wrong)
 
     def next_batch(self, size: int) -> list[tuple[list[int], list[int]]]:
         if not self.ready:
+            demonstrations = [self._next_demonstration() for _ in range(size * self.group_batches)]
             pool = sorted(
-                (self._next_example() for _ in range(size * self.group_batches)),
+                encode_demonstrations(self.tokenizer, demonstrations, self.system_prompt),
                 key=lambda e: len(e[0]),
             )
             self.ready = [pool[i : i + size] for i in range(0, len(pool), size)]

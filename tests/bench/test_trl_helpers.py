@@ -151,14 +151,22 @@ def test_longtail_workload_settings(tmp_path):
 
 def test_eta_sets_the_async_side_only(tmp_path):
     from relayrl.bench.trl import run_config
+    from relayrl.config.schema import RolloutConfig
 
-    s = settings_from_args(_args(eta=2))
+    s = settings_from_args(_args(eta="2"))
     assert run_config(s, tmp_path, None, "relayrl_async").rollout.eta == 2
     assert run_config(s, tmp_path, None, "relayrl_sync").rollout.eta == 0
+    auto = settings_from_args(_args(eta="auto"))
+    assert run_config(auto, tmp_path, None, "relayrl_async").rollout.eta == "auto"
+    assert run_config(auto, tmp_path, None, "relayrl_sync").rollout.eta == 0
+    # no --eta: the async side runs at relayrl's own default, whatever it is
     default = settings_from_args(_args())
-    assert run_config(default, tmp_path, None, "relayrl_async").rollout.eta == 4
+    config = run_config(default, tmp_path, None, "relayrl_async")
+    assert config.rollout.eta == RolloutConfig().eta
     with pytest.raises(RelayError, match="--eta must be ≥ 1"):
-        settings_from_args(_args(eta=0))
+        settings_from_args(_args(eta="0"))
+    with pytest.raises(RelayError, match="integer ≥ 1 or auto"):
+        settings_from_args(_args(eta="fast"))
 
 
 def test_longtail_chain_lengths_have_a_long_tail():
