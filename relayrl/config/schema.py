@@ -105,7 +105,12 @@ class SFTConfig(Section):
         description="optimizer steps (fewer leave some seeds without the long-chain lookup: "
         "docs/demo.md)",
     )
-    batch_size: int = Field(64, gt=0, description="sequences per step")
+    batch_size: int = Field(
+        40,
+        gt=0,
+        description="sequences per step (the long-chain lookup needs steps, not tokens: 40 "
+        "teaches it as 64 did at 5/8 of the compute; docs/demo.md)",
+    )
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
     weight_decay: float = Field(0.01, ge=0)
@@ -428,12 +433,13 @@ class AlgoConfig(Section):
         True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
     )
     max_filtered_per_step: float | None = Field(
-        4.0,
+        2.0,
         gt=0,
         description="dynamic sampling drops at most this × rollout.prompts_per_step groups per "
         "trainer step; past that, all-equal groups fill the batch (zero GRPO advantage) "
         "instead of waiting for more: a nearly solved task no longer starves the trainer "
-        "(null: no cap)",
+        "(null: no cap; 2 keeps the demo's accuracy and generates less than 4 once it is "
+        "nearly solved: docs/demo.md)",
     )
 
     @field_validator("loss")
