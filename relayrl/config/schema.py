@@ -106,10 +106,10 @@ class SFTConfig(Section):
         "docs/demo.md)",
     )
     batch_size: int = Field(
-        40,
+        64,
         gt=0,
-        description="sequences per step (the long-chain lookup needs steps, not tokens: 40 "
-        "teaches it as 64 did at 5/8 of the compute; docs/demo.md)",
+        description="sequences per step (40 or 48 left a seed without the long-chain lookup "
+        "at 1800 steps: docs/demo.md)",
     )
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
