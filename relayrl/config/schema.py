@@ -108,8 +108,8 @@ class SFTConfig(Section):
     batch_size: int = Field(
         64,
         gt=0,
-        description="sequences per step (40 or 48 left a seed without the long-chain lookup "
-        "at 1800 steps: docs/demo.md)",
+        description="sequences per step (40 left a seed without the long-chain lookup at "
+        "1800 steps: docs/demo.md)",
     )
     lr: float = Field(6e-3, gt=0, description="peak learning rate (AdamW)")
     warmup_steps: int = Field(50, ge=0)
