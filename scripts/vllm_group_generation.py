@@ -97,8 +97,8 @@ async def measure(args, builtin, builtin_urls, vllm, vllm_urls) -> dict[str, lis
     rng = random.Random(0)
     async with (
         builtin.client(builtin_urls, timeout=600.0) as cb,
-        PerSampleClient(vllm_urls, timeout=600.0) as before,
-        vllm_client.VLLMClient(vllm_urls, timeout=600.0) as after,
+        PerSampleClient(vllm_urls, timeout=600.0, api_key=vllm.api_key) as before,
+        vllm_client.VLLMClient(vllm_urls, timeout=600.0, api_key=vllm.api_key) as after,
     ):
         await builtin.check_servers(cb)
         await vllm.check_servers(after)

@@ -145,6 +145,9 @@ def measure(run_dir: Path) -> dict[str, float]:
         "tokens_per_s": tokens / seconds,
         "t_train": train + sync,
         "t_gen": gen,
+        # at η = 0 the trainer waits exactly while the servers generate its batch: the
+        # servers' generation speed (compare rollout.engine=builtin and =vllm with it)
+        "gen_tokens_per_s": tokens / n / max(gen, 1e-9),
         "t_wait": wait,
         STALENESS_MEAN: sum(r[STALENESS_MEAN] for r in steps) / n,
         "publish_latency": sum(r.get(PUBLISH_LATENCY_S, 0.0) for r in later) / len(later),
@@ -230,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         f"device={args.device} sync: eta=0 server_threads={sync_t['server']} "
         f"trainer_threads={sync_t['trainer']} seconds={sync['seconds']:.1f} "
         f"t_gen_per_step={sync['t_gen']:.2f} t_train_per_step={sync['t_train']:.2f} "
+        f"generation_tokens_per_s={sync['gen_tokens_per_s']:.1f} "
         f"engine_trainer_kl_k3={sync[BEHAV_KL]:.2e}"
     )
     print(

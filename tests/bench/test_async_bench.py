@@ -40,3 +40,25 @@ def test_core_split_limit_uses_the_one_thread_stage_times():
     one = {"t_gen": 0.7, "t_train": 0.8}
     assert core_split_limit(best, one) == pytest.approx(1.1 / 0.8)
     assert core_split_limit(one, one) == pytest.approx(1.5 / 0.8)  # = steady overlap limit
+
+
+def test_measure_reads_stage_times_and_generation_speed_from_the_logs(tmp_path):
+    import json
+
+    from relayrl.bench.async_rl import measure
+
+    # three steps of a synchronous run: 40 completion tokens per step; the first step's wait
+    # includes the servers' warm-up (9 s), the others wait 2 s and 3 s for their batch
+    steps = [
+        {"step": i, "train_tokens": 99, "elapsed_s": t, "time_wait_s": w, "time_prox_s": 0.5}
+        | {"time_update_s": 1.0, "time_sync_s": 0.25, "staleness_mean": 0.0}
+        for i, (t, w) in enumerate([(11.0, 9.0), (15.0, 2.0), (20.0, 3.0)])
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in steps) + "\n")
+    samples = [{"completion_tokens": 10} for _ in range(12)]
+    (tmp_path / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in samples) + "\n")
+    got = measure(tmp_path)
+    assert got["tokens_per_s"] == pytest.approx(120 / 20.0)
+    assert got["t_gen"] == pytest.approx(2.5)  # steps 2.. only
+    assert got["t_train"] == pytest.approx(1.75)
+    assert got["gen_tokens_per_s"] == pytest.approx(40 / 2.5)
