@@ -390,6 +390,9 @@ def driver_pid(cluster: Cluster) -> int:
     raise AssertionError("no relayrl train process in the namespace")
 
 
+# 39 s; the killed-actor test above covers the respawn-in-its-bundle path in the 15-minute
+# suite, this one the loss of a whole node: `pytest -m benchmark` runs it
+@pytest.mark.benchmark
 def test_a_killed_worker_raylet_is_survived_on_the_other_node(cluster, tiny_model_dir, tmp_path):
     """Two half-CPU servers spread over the two nodes; after the first step the worker
     node's raylet gets SIGKILL (the node is lost, with the server actor on it). Ray takes

@@ -145,6 +145,9 @@ def test_resume_at_another_world_size_matches_the_uninterrupted_run(
 
 
 # --------------------------------------------------------------------------- failures
+# 11 s; test_relayrl_train_with_a_killed_rank_resumes_without_loss asserts the same error line
+# through the CLI (and the resume after it): `pytest -m benchmark` runs this one
+@pytest.mark.benchmark
 def test_a_killed_rank_stops_the_job_naming_it(tmp_path, tiny_model_dir):
     proc = harness(tmp_path, "kill", 2, model_dir=str(tiny_model_dir), steps=100000)
     log = tmp_path / "kill" / "trainer-rank1.log"
