@@ -3,8 +3,10 @@
 Both sides train the same config (model, task, B, n, budget, steps) for the same number of
 samples with real rollout server processes, each with its own best thread setting: the
 synchronous side alternates generation and training, so each phase may use every core; it
-runs with 1 thread and with every core per phase and the faster run is its baseline. The
-asynchronous side runs both phases at once, one core each. Throughput = trained completion tokens / wall time of the training loop.
+runs with 1 thread, with every core and with the asynchronous side's thread counts per
+phase, and the fastest run is its baseline. The asynchronous side runs both phases at once
+on a split of the cores (``--async-threads SERVER,TRAINER``; default half each, so one each
+on 2 cores). Throughput = trained completion tokens / wall time of the training loop.
 
 ``overlap_limit`` is the speed-up that perfect overlap of the synchronous run's measured
 stage times would give over the run's N steps. A perfect two-stage pipeline still starts
@@ -12,10 +14,10 @@ with one generation that nothing overlaps and ends with one training step, so it
 ``T_gen + T_train + (N − 1)·max(T_gen, T_train)`` against the synchronous
 ``N·(T_gen + T_train)``; ``steady_overlap_limit`` is the N → ∞ value
 ``(T_gen + T_train) / max(T_gen, T_train)``. Both assume each stage keeps its synchronous
-speed while they overlap, but the asynchronous side gives each stage one core where the
-synchronous side may give each every core: ``core_split_limit`` uses the one-thread stage
-times for the overlapped side, ``(T_gen + T_train) / max(T_gen,1, T_train,1)``. The last
-line is ``async_speedup=X.XX``.
+speed while they overlap, but the asynchronous side gives each stage only its share of the
+cores: ``core_split_limit`` is ``(T_gen + T_train) / max(T_gen(S), T_train(T))`` with the
+stage times the synchronous runs measured at the split's S server and T trainer threads.
+The last line is ``async_speedup=X.XX``.
 
 Imports: the config loader, model building and the RL job (``relayrl.train.run``).
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config.budget import RunBudget
+from relayrl.errors import RelayError
 from relayrl.metric_names import (
     BEHAV_KL,
     ELAPSED_S,
@@ -45,18 +48,30 @@ from relayrl.report.logs import read_jsonl
 HELP = "synchronous vs asynchronous RL training throughput (prints async_speedup)"
 
 OWN_MODEL_CONTEXT = 160
-ASYNC_THREADS = {"server": 1, "trainer": 1}
 
 
-def sync_thread_candidates(requested: int | None) -> list[int]:
-    """Thread counts to try for the synchronous side, whose phases never overlap and so may
-    each use every core: ``requested`` alone, or both 1 and every core (the faster run is
-    the baseline: on a small model or a busy machine more threads can be slower)."""
-    import os
+def split_threads(spec: str | None, cores: int) -> dict[str, int]:
+    """The asynchronous side's ``{"server": S, "trainer": T}`` from ``"S,T"``, or by default
+    the cores split in half (the server gets the smaller half; one each on 2 cores)."""
+    if spec is None:
+        server = max(1, cores // 2)
+        return {"server": server, "trainer": max(1, cores - server)}
+    parts = spec.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise RelayError(
+            f"--async-threads {spec!r}: expected SERVER,TRAINER, two positive integers (e.g. 8,8)"
+        )
+    return {"server": int(parts[0]), "trainer": int(parts[1])}
 
-    if requested is not None:
-        return [requested]
-    return sorted({1, os.cpu_count() or 1})
+
+def sync_thread_candidates(requested: int | None, split: dict[str, int], cores: int) -> list[int]:
+    """Thread counts to run the synchronous side at, whose phases never overlap and so may
+    each use every core: 1, every core and the split's two counts (the fastest run is the
+    baseline: on a small model or a busy machine more threads can be slower; the split's
+    counts give the stage times of ``core_split_limit``). ``requested`` replaces 1 and every
+    core."""
+    tried = {requested} if requested is not None else {1, cores}
+    return sorted(tried | set(split.values()))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="threads of each synchronous phase (default: run with 1 and with every core, "
-        "keep the faster)",
+        "keep the faster; the --async-threads counts are always run too)",
+    )
+    parser.add_argument(
+        "--async-threads",
+        default=None,
+        metavar="SERVER,TRAINER",
+        help="threads of the asynchronous side's server and trainer, which run at once "
+        "(default: the cores split in half; 1,1 on 2 cores)",
     )
     parser.add_argument(
         "--device", default="cpu", help="torch device of the servers and the trainer (cpu, cuda)"
@@ -171,11 +193,15 @@ def overlap_limit(t_gen: float, t_train: float, steps: int | None) -> float:
     return steps * (t_gen + t_train) / (t_gen + t_train + (steps - 1) * slow)
 
 
-def core_split_limit(sync_best: dict[str, float], sync_one_thread: dict[str, float]) -> float:
+def core_split_limit(
+    sync_best: dict[str, float], at_server_threads: dict[str, float], at_trainer_threads=None
+) -> float:
     """The speed-up perfect overlap could give when each stage gets only its share of the
-    cores: the asynchronous side runs generation and training at 1 thread each (their
-    one-thread times), against the synchronous baseline's per-step time (N → ∞)."""
-    slow = max(sync_one_thread["t_gen"], sync_one_thread["t_train"], 1e-9)
+    cores: generation at the server's thread count, training at the trainer's (the stage
+    times of the synchronous runs at those counts; one run when they are equal), against
+    the synchronous baseline's per-step time (N → ∞)."""
+    at_trainer_threads = at_trainer_threads or at_server_threads
+    slow = max(at_server_threads["t_gen"], at_trainer_threads["t_train"], 1e-9)
     return (sync_best["t_gen"] + sync_best["t_train"]) / slow
 
 
@@ -183,7 +209,7 @@ def _run(args, out: Path, model_dir: Path, eta: int, threads: dict[str, int]) ->
     from relayrl.config.loader import load_config
     from relayrl.train.run import run_train
 
-    name = f"eta{eta}-threads{threads['trainer']}"
+    name = f"eta{eta}-threads{threads['server']}-{threads['trainer']}"
     config = load_config(None, _overrides(args, out, model_dir, eta, threads, name))
     run_train(config, progress=False)
     return measure(out / name)
@@ -208,17 +234,21 @@ def _model_dir(args, out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     import torch
 
     torch.set_num_threads(1)
+    cores = os.cpu_count() or 1
+    split = split_threads(args.async_threads, cores)
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-async-") as tmp:
         out = Path(tmp)
         model_dir = _model_dir(args, out)
         tried = {
             n: _run(args, out, model_dir, 0, {"server": n, "trainer": n})
-            for n in sync_thread_candidates(args.sync_threads)
+            for n in sync_thread_candidates(args.sync_threads, split, cores)
         }
-        asyn = _run(args, out, model_dir, 4, ASYNC_THREADS)
+        asyn = _run(args, out, model_dir, 4, split)
     for n, result in tried.items():
         print(
             f"sync with {n} thread(s) per phase: {result['tokens_per_s']:.1f} tokens/s "
@@ -237,8 +267,8 @@ def run(args: argparse.Namespace) -> int:
         f"engine_trainer_kl_k3={sync[BEHAV_KL]:.2e}"
     )
     print(
-        f"async: eta=4 server_threads={ASYNC_THREADS['server']} "
-        f"trainer_threads={ASYNC_THREADS['trainer']} seconds={asyn['seconds']:.1f} "
+        f"async: eta=4 server_threads={split['server']} "
+        f"trainer_threads={split['trainer']} seconds={asyn['seconds']:.1f} "
         f"wait_per_step={asyn['t_wait']:.2f} t_train_per_step={asyn['t_train']:.2f} "
         f"staleness_mean={asyn[STALENESS_MEAN]:.2f} "
         f"publish_latency_per_step={asyn['publish_latency']:.2f} "
@@ -250,10 +280,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"sync_tokens_per_s={sync['tokens_per_s']:.1f}")
     print(f"async_tokens_per_s={asyn['tokens_per_s']:.1f}")
     speedup = asyn["tokens_per_s"] / sync["tokens_per_s"]
-    if 1 in tried:
-        split = core_split_limit(sync, tried[1])
-        print(f"core_split_limit={split:.2f}")
-        print(f"fraction_of_core_split_limit={speedup / split:.2f}")
+    limit_split = core_split_limit(sync, tried[split["server"]], tried[split["trainer"]])
+    print(f"core_split_limit={limit_split:.2f}")
+    print(f"fraction_of_core_split_limit={speedup / limit_split:.2f}")
     print(f"steady_overlap_limit={steady:.2f}")
     print(f"overlap_limit={limit:.2f}")
     print(f"fraction_of_limit={speedup / limit:.2f}")

@@ -31,7 +31,7 @@ def test_user_overrides_reach_both_sides_last(tmp_path):
         assert f"rollout.eta={eta}" in got
 
 
-def test_core_split_limit_uses_the_one_thread_stage_times():
+def test_core_split_limit_uses_the_stage_times_at_the_split_thread_counts():
     from relayrl.bench.async_rl import core_split_limit
 
     # sync at 2 threads: 0.6 + 0.5 s per step; at 1 thread generation 0.7 s, training 0.8 s:
@@ -40,6 +40,28 @@ def test_core_split_limit_uses_the_one_thread_stage_times():
     one = {"t_gen": 0.7, "t_train": 0.8}
     assert core_split_limit(best, one) == pytest.approx(1.1 / 0.8)
     assert core_split_limit(one, one) == pytest.approx(1.5 / 0.8)  # = steady overlap limit
+    # a 2 + 6 split: generation from the 2-thread run (0.9 s), training from the 6-thread
+    # run (0.3 s); the 2-thread run's training (1.0 s) does not enter
+    two, six = {"t_gen": 0.9, "t_train": 1.0}, {"t_gen": 0.4, "t_train": 0.3}
+    assert core_split_limit(best, two, six) == pytest.approx(1.1 / 0.9)
+
+
+def test_async_threads_split_the_cores_and_join_the_sync_candidates():
+    from relayrl.bench.async_rl import split_threads, sync_thread_candidates
+    from relayrl.errors import RelayError
+
+    assert split_threads(None, 2) == {"server": 1, "trainer": 1}
+    assert split_threads(None, 16) == {"server": 8, "trainer": 8}
+    assert split_threads(None, 3) == {"server": 1, "trainer": 2}
+    assert split_threads(None, 1) == {"server": 1, "trainer": 1}
+    assert split_threads("4,12", 16) == {"server": 4, "trainer": 12}
+    for bad in ("8", "8,0", "a,b", "1,2,3", "-1,2"):
+        with pytest.raises(RelayError, match="--async-threads.*SERVER,TRAINER"):
+            split_threads(bad, 16)
+    # 2 cores: the runs of before (1 and 2 threads); 16 cores: 1, 16 and the split's 8
+    assert sync_thread_candidates(None, {"server": 1, "trainer": 1}, 2) == [1, 2]
+    assert sync_thread_candidates(None, {"server": 8, "trainer": 8}, 16) == [1, 8, 16]
+    assert sync_thread_candidates(2, {"server": 4, "trainer": 12}, 16) == [2, 4, 12]
 
 
 def test_measure_reads_stage_times_and_generation_speed_from_the_logs(tmp_path):
