@@ -105,6 +105,8 @@ class Settings(RunBudget):
     async_eta: int | str = DEFAULT_ETA  # an integer ≥ 1, 'auto' or relayrl's default
     seed: int = 0
     extra_overrides: tuple[str, ...] = ()  # the workload's task and model settings
+    # the user's KEY=VALUE: relayrl's sides, and what TRL reads from the same config
+    user_overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(SIDES),
         help=f"comma-separated subset of {', '.join(SIDES)} (default: all)",
     )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides after the benchmark's own, for relayrl's sides (e.g. "
+        "algo.loss=ppo) and for what TRL reads from the same config (task, evaluation, "
+        "optimizer, algo.eps_*, algo.kl_coef, rollout sampling)",
+    )
 
 
 def workload_of(args: argparse.Namespace) -> Workload:
@@ -272,6 +282,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "target": args.target,
         "target_fraction": getattr(args, "target_fraction", None),
         "async_eta": getattr(args, "eta", None),
+        "user_overrides": tuple(getattr(args, "overrides", None) or ()) or None,
     }
     s = replace(s, **{k: v for k, v in given.items() if v is not None})
     for name, value in (("steps", s.steps), ("eval_every", s.eval_every)):
@@ -360,6 +371,7 @@ def run_config(
         f"train.trainer_threads={threads['trainer']}",
         *s.overrides(),
         *s.extra_overrides,
+        *s.user_overrides,
         *extra,
     ]
     return load_config(None, overrides)

@@ -169,6 +169,26 @@ def test_eta_sets_the_async_side_only(tmp_path):
         settings_from_args(_args(eta="fast"))
 
 
+def test_user_overrides_reach_every_relayrl_side_after_the_workload_settings(tmp_path):
+    from relayrl.bench.trl import run_config
+    from relayrl.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "trl", "--workload", "longtail", "algo.loss=ppo", "task.params.max_steps=12"]
+    )
+    s = settings_from_args(args)
+    assert s.user_overrides == ("algo.loss=ppo", "task.params.max_steps=12")
+    for side in ("relayrl_async", "relayrl_sync"):
+        config = run_config(s, tmp_path, None, side)
+        assert config.algo.loss == "ppo"
+        assert config.task.params["max_steps"] == 12  # after the workload's 24
+        assert config.task.params["tail"] == 0.85  # the workload's own, kept
+    # the SFT base's settings come last, and an override of the algorithm leaves them alone
+    sft = run_config(s, tmp_path, None, extra=("sft.steps=7",))
+    assert sft.sft.steps == 7 and sft.algo.loss == "ppo"
+    assert settings_from_args(build_parser().parse_args(["bench", "trl"])).user_overrides == ()
+
+
 def test_longtail_chain_lengths_have_a_long_tail():
     """2 + Geometric(0.85) steps: P(steps ≥ 2 + k) = 0.85^k, so the median is 6
     (0.85^4 = 0.52 ≥ 0.5 > 0.85^5 = 0.44) and p90 is 16 (0.85^14 = 0.10); capped at 24."""
