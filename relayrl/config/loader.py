@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.models.gguf import is_gguf_spec, resolve_model_path
 
 
 def _section_class(annotation: Any) -> type[BaseModel] | None:
@@ -237,9 +238,13 @@ def load_config(
         own = data.get("plugins") or []
         data["plugins"] = [*(own if isinstance(own, list) else [own]), *plugins]
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise RelayError(_validation_message(exc, where)) from None
+    if is_gguf_spec(config.model.path):  # a .gguf or pkg:NAME: its cached model directory
+        key = f"{where('model.path')}model.path"
+        config.model.path = resolve_model_path(config.model.path, key=key)
+    return config
 
 
 def _nest(key: str, value: Any) -> dict:

@@ -7,8 +7,8 @@ touched concurrently. ``submit`` returns a ``concurrent.futures.Future``; ``gene
 asyncio twin for the HTTP server.
 
 Scheduling, per loop iteration: run queued commands; admit waiting requests into free KV slots
-(FIFO, bounded by ``max_running_requests``/``max_total_tokens`` and ``max_prefill_tokens``)
-and prefill them as one left-padded batch; then decode one token for every running request in
+(FIFO, bounded by ``max_running_requests``, the KV memory budget and ``max_prefill_tokens``)
+and prefill them as one left-padded batch, a group's identical prompts computed once; then decode one token for every running request in
 one batched forward. Finished requests leave their slot at once, so a long request never
 blocks the admission of new ones.
 
@@ -104,6 +104,11 @@ class Engine:
             # running requests an adapter publication left decoding under their own version
             # (max_adapters >= 2: nothing retracted, no KV recomputed)
             "kept_version": 0,
+            # admissions deferred because the running requests filled the KV budget
+            "kv_budget_waits": 0,
+            # prefill tokens not computed: a group's identical prompts prefilled once, their
+            # KV copied to the other rows (ModelRunner.prefill)
+            "shared_prefill_tokens": 0,
         }
         self.runner = ModelRunner(model, self.options, self._stats)
         self.adapter_base = AdapterBase()  # pristine base weights under adapter publications
@@ -120,8 +125,13 @@ class Engine:
         )
         self.vocab_size, self.max_seq_len = self.runner.vocab_size, self.runner.max_seq_len
         self.num_slots = self.runner.num_slots
+        self.kv_budget_tokens = self.runner.kv_budget_tokens
         self.scheduler = Scheduler(
-            self.cache, self.num_slots, self.options.max_prefill_tokens, self._stats
+            self.cache,
+            self.num_slots,
+            self.options.max_prefill_tokens,
+            self._stats,
+            self.kv_budget_tokens,
         )
         self.eos_ids = eos_ids(model, tokenizer)
         self._weight_version = self.options.weight_version
@@ -174,6 +184,12 @@ class Engine:
             raise ValueError(
                 f"len(input_ids) + max_new_tokens = {total} exceeds the engine's max_seq_len "
                 f"{self.max_seq_len}"
+            )
+        if not self.scheduler.fits_kv_budget(1, total):
+            raise ValueError(
+                f"len(input_ids) + max_new_tokens = {total} exceeds the engine's KV budget of "
+                f"{self.kv_budget_tokens} tokens (max_total_tokens, or kv_memory_fraction of "
+                "the memory available at start)"
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none")
@@ -505,6 +521,9 @@ class Engine:
             "paused": self._paused,
             "weight_version": self._weight_version,
             "kv_cache_bytes": self.cache.nbytes(),
+            "kv_cache_peak_bytes": self.cache.peak_bytes,
+            "kv_budget_tokens": self.kv_budget_tokens,
+            "kv_bytes_per_token": self.runner.kv_bytes_per_token,
         }
 
     def _stop(self) -> None:
@@ -517,12 +536,14 @@ class Engine:
         admitted = self.scheduler.admit()
         if admitted:
             self._route(admitted)
-            self._advance(admitted, self.runner.prefill(admitted))
+            self._advance(admitted, self.runner.prefill(admitted, route=self._route))
         running = self.scheduler.running
         if running:
             self._route(running)
             self._advance(list(running), self.runner.decode(running))
         self._stats["peak_running"] = max(self._stats["peak_running"], len(running))
+        if not self.scheduler.running:
+            self.cache.free()  # idle: no KV held between bursts
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per request, record it, finish the ones that stop."""

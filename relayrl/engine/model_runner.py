@@ -14,13 +14,13 @@ Imports: torch, relayrl.engine (kv cache, sampling, sequence, weights), relayrl.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from relayrl.engine.adapter import load_partial
-from relayrl.engine.kv import SlotKVCache
+from relayrl.engine.kv import SlotKVCache, kv_bytes_per_token
 from relayrl.engine.sampling import make_batch, sample, top_logprobs
 from relayrl.engine.sequence import Sequence
 from relayrl.engine.types import EngineOptions
@@ -78,6 +78,39 @@ def check_supported(config, max_seq_len: int) -> None:
         )
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo, lowered to the cgroup's room when one caps it; None
+    where neither can be read."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit != "max" and available is not None:
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def kv_token_budget(options: EngineOptions, bytes_per_token: int) -> int | None:
+    """How many KV tokens (running rows x the longest one's columns) the engine may hold:
+    ``max_total_tokens``, else ``kv_memory_fraction`` of the memory available at start;
+    None: no cap beyond ``max_running_requests`` (the memory could not be read)."""
+    if options.max_total_tokens is not None:
+        return options.max_total_tokens
+    available = available_memory_bytes()
+    if available is None:
+        return None
+    return max(1, int(available * options.kv_memory_fraction) // bytes_per_token)
+
+
 class ModelRunner:
     def __init__(self, model, options: EngineOptions, stats: dict[str, Any]) -> None:
         self.model = model.eval()
@@ -89,11 +122,12 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         prefer_shape_agnostic_attention(self.device)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        slots = options.max_running_requests
-        if options.max_total_tokens is not None:
-            slots = min(slots, max(1, options.max_total_tokens // self.max_seq_len))
-        self.num_slots = slots
-        self.cache = SlotKVCache(config.num_hidden_layers, slots, self.max_seq_len)
+        self.num_slots = options.max_running_requests
+        self.share_prefill = options.share_prefill
+        dtype = next(model.parameters()).dtype
+        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype)
+        self.kv_budget_tokens = kv_token_budget(options, self.kv_bytes_per_token)
+        self.cache = SlotKVCache(config.num_hidden_layers, self.num_slots, self.max_seq_len)
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -108,9 +142,47 @@ class ModelRunner:
         )
         return out.logits[:, -1, :]
 
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Prompt (+ partial output) of each newly admitted request into its KV slot, as
-        one left-padded batch; the next-token logits of each."""
+    def prefill(
+        self, seqs: list[Sequence], route: Callable[[list[Sequence]], None] | None = None
+    ) -> torch.Tensor:
+        """Prompt (+ partial output) of each newly admitted request into its KV row; the
+        next-token logits of each. Requests with the same tokens (a GRPO group's n samples
+        of one prompt) are computed once: the first one's KV row is copied to the others
+        and its logits row repeated, which is what computing them again would give.
+        ``route``: tells the kept adapters the version of each row of the batch computed
+        (requests pinned to different versions are never shared)."""
+        if not self.share_prefill:
+            return self._prefill_batch(seqs)
+        first_of: dict[tuple, int] = {}
+        unique: list[Sequence] = []
+        source: list[int] = []  # per seq: its row in the unique batch
+        for seq in seqs:
+            key = (seq.pinned_version, *seq.all_ids())
+            if key not in first_of:
+                first_of[key] = len(unique)
+                unique.append(seq)
+            source.append(first_of[key])
+        if route is not None and len(unique) < len(seqs):
+            route(unique)
+        logits = self._prefill_batch(unique, total_rows=max(s.row for s in seqs) + 1)
+        if len(unique) == len(seqs):
+            return logits
+        for seq, i in zip(seqs, source, strict=True):
+            rep = unique[i]
+            if seq is not rep:
+                self.cache.move_row(rep.row, seq.row, rep.kv_len)
+                seq.kv_len = rep.kv_len
+                self._count_reprefill(seq)
+                self.stats["shared_prefill_tokens"] += rep.kv_len
+        return logits[torch.tensor(source, device=logits.device)]
+
+    def _count_reprefill(self, seq: Sequence) -> None:
+        if seq.retracted:
+            self.stats["reprefill_tokens"] += seq.kv_len
+            seq.retracted = False
+
+    def _prefill_batch(self, seqs: list[Sequence], total_rows: int = 0) -> torch.Tensor:
+        """The requests' tokens as one left-padded batch into their KV rows; their logits."""
         tokens = [s.all_ids() for s in seqs]
         lengths = [len(t) for t in tokens]
         pad_to = max(lengths)
@@ -122,13 +194,12 @@ class ModelRunner:
             mask[i, pad_to - len(t) :] = 1
         offsets = torch.tensor([pad_to - n for n in lengths], device=dev)
         positions = (torch.arange(pad_to, device=dev)[None, :] - offsets[:, None]).clamp(min=0)
-        self.cache.set_prefill([s.row for s in seqs], lengths, pad_to)
+        self.cache.set_prefill([s.row for s in seqs], lengths, pad_to, total_rows)
         logits = self.forward(ids, mask, positions)
+        self.cache.after_forward()
         for s, n in zip(seqs, lengths, strict=True):
             s.kv_len = n
-            if s.retracted:
-                self.stats["reprefill_tokens"] += n
-                s.retracted = False
+            self._count_reprefill(s)
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(lengths)
         self.stats["prefill_padded_tokens"] += pad_to * len(lengths)
@@ -143,6 +214,7 @@ class ModelRunner:
         mask = torch.arange(kv_len, device=dev)[None, :] <= positions[:, None]
         self.cache.set_decode(positions)
         logits = self.forward(ids[:, None], mask, positions[:, None])
+        self.cache.after_forward()
         for s in running:
             s.kv_len += 1
         self.stats["steps"] += 1

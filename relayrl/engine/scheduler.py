@@ -2,7 +2,7 @@
 
 Owns :class:`Scheduler`: the waiting queue (FIFO; retracted requests go back to its head),
 the running list (row ``i`` of the batch holds KV slot ``i``), the id table, admission
-within the slot count and the prefill token budget, slot release (the last row moves into
+within the row count, the prefill token budget and the KV memory budget, slot release (the last row moves into
 each hole so the running rows stay dense) and finishing a request into its
 :class:`~relayrl.engine.types.GenerationResult`. Touched only by the engine's loop thread.
 
@@ -22,10 +22,16 @@ from relayrl.engine.types import FinishReason, GenerationResult
 
 class Scheduler:
     def __init__(
-        self, cache: SlotKVCache, num_slots: int, max_prefill_tokens: int, stats: dict[str, Any]
+        self,
+        cache: SlotKVCache,
+        num_slots: int,
+        max_prefill_tokens: int,
+        stats: dict[str, Any],
+        kv_budget_tokens: int | None = None,
     ) -> None:
         self.cache = cache
         self.num_slots = num_slots
+        self.kv_budget_tokens = kv_budget_tokens  # None: rows bounded by num_slots only
         self.max_prefill_tokens = max_prefill_tokens
         self.stats = stats  # the engine's counters, shared
         self.waiting: deque[Sequence] = deque()
@@ -128,13 +134,24 @@ class Scheduler:
         self.stats["aborted"] += reason == "abort"
         return result
 
+    def fits_kv_budget(self, rows: int, longest: int) -> bool:
+        """Whether ``rows`` running requests of at most ``longest`` tokens each fit the KV
+        budget (the cache is a rows x longest rectangle, relayrl.engine.kv)."""
+        return self.kv_budget_tokens is None or rows * longest <= self.kv_budget_tokens
+
     def admit(self) -> list[Sequence]:
-        """Pop waiting requests into free slots within the prefill token budget."""
+        """Pop waiting requests into free rows within the prefill token budget and the KV
+        budget (every running request counted at its longest: prompt + max_new_tokens)."""
         admitted: list[Sequence] = []
+        longest = max((s.max_length for s in self.running), default=0)
         while self.waiting and len(self.running) < self.num_slots:
             n = len(self.waiting[0].prompt_ids) + len(self.waiting[0].output_ids)
             padded = max([n] + [len(s.all_ids()) for s in admitted]) * (len(admitted) + 1)
             if admitted and padded > self.max_prefill_tokens:
+                break
+            longest = max(longest, self.waiting[0].max_length)
+            if self.running and not self.fits_kv_budget(len(self.running) + 1, longest):
+                self.stats["kv_budget_waits"] += 1
                 break
             seq = self.waiting.popleft()
             seq.row = len(self.running)

@@ -51,6 +51,11 @@ class Sequence:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    @property
+    def max_length(self) -> int:
+        """The most tokens it can hold: prompt + max_new_tokens (its KV at its longest)."""
+        return len(self.prompt_ids) + self.params.max_new_tokens
+
     def append(
         self,
         token: int,

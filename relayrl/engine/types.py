@@ -39,19 +39,28 @@ MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's l
 class EngineOptions:
     """Options of the built-in engine (the run config refers to this dataclass).
 
-    Memory: the KV cache is a preallocated slot buffer of ``num_slots x max_seq_len`` tokens
-    per layer, with ``num_slots = min(max_running_requests, max_total_tokens // max_seq_len)``
-    (``max_total_tokens=None``: no extra cap). Requests beyond the free slots wait in a queue.
+    Memory: the KV cache holds what the running requests need (``relayrl.engine.kv``), never
+    ``max_running_requests x max_seq_len``. A request is admitted while the running ones
+    (at most ``max_running_requests``), each counted at its longest (prompt +
+    ``max_new_tokens``), fit in the KV budget: ``max_total_tokens`` tokens, or by default
+    ``kv_memory_fraction`` of the memory available when the engine starts. The others wait
+    in a queue; one that could never fit is refused at submission.
     """
 
     device: str = "cpu"
     dtype: str = "float32"
     max_running_requests: int = 64
+    # KV budget in tokens (running rows x the longest one's prompt + max_new_tokens);
+    # None: kv_memory_fraction of the memory available at start
     max_total_tokens: int | None = None
+    kv_memory_fraction: float = 0.25
     # Longest prompt + output per request; None: the model's max_position_embeddings.
     max_seq_len: int | None = None
     # Token budget of one batched prefill (prompts are packed up to this, at least one runs).
     max_prefill_tokens: int = 4096
+    # Prefill a batch's identical requests (a GRPO group's prompt) once and copy the KV;
+    # False computes each (the same tokens and logprobs: tests/engine/test_kv_memory.py).
+    share_prefill: bool = True
     # Initial weight version.
     weight_version: int = 0
     # LoRA publications: 1 merges each adapter into a copy of the weights (running requests
@@ -64,6 +73,8 @@ class EngineOptions:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise ValueError("max_total_tokens must be >= 1 or None")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError("kv_memory_fraction must be in (0, 1]")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError("max_seq_len must be >= 2 or None")
         if self.max_prefill_tokens < 1:

@@ -125,11 +125,16 @@ def test_max_running_requests_is_respected(make_engine):
     assert stats["num_requests"] == stats["num_running"] == stats["num_waiting"] == 0
 
 
-def test_max_total_tokens_bounds_slots(make_engine):
-    engine = make_engine(max_running_requests=16, max_total_tokens=3 * 512, max_seq_len=512)
-    assert engine.num_slots == 3
-    engine.generate_batch(PROMPTS, SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True))
-    assert engine.stats()["peak_running"] == 3
+def test_max_total_tokens_bounds_the_running_requests(make_engine):
+    # every request counts at its longest (prompt + 50); three of the longest fit, four never
+    longest = max(len(p) for p in PROMPTS) + 50
+    engine = make_engine(max_running_requests=16, max_total_tokens=3 * longest)
+    engine.generate_batch(
+        PROMPTS, SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True)
+    )
+    stats = engine.stats()
+    assert stats["peak_running"] == 3
+    assert stats["kv_budget_waits"] > 0
 
 
 def test_weight_update_versions_and_kv_recompute(make_engine, tiny_model):
