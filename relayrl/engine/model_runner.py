@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from relayrl.engine.adapter import load_partial
+from relayrl.engine.attention import ATTENTION_NAME
 from relayrl.engine.kv import SlotKVCache, kv_bytes_per_token
 from relayrl.engine.sampling import make_batch, sample, top_logprobs
 from relayrl.engine.sequence import Sequence
@@ -121,6 +122,9 @@ class ModelRunner:
         self.stats = stats  # the engine's counters, shared
         self.device = next(model.parameters()).device
         prefer_shape_agnostic_attention(self.device)
+        if getattr(config, "_attn_implementation", None) == "sdpa" and self.device.type == "cpu":
+            # the same attention, its one-token decode steps without SDPA's CPU overhead
+            model.set_attn_implementation(ATTENTION_NAME)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.num_slots = options.max_running_requests
         self.share_prefill = options.share_prefill

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.errors import RelayError
-from relayrl.eval.evaluate import EvalReport
+from relayrl.eval.evaluate import BatchGrader, EvalReport
 from relayrl.metric_names import (
     ELAPSED_S,
     EVAL_PASS_AT_1,
@@ -87,15 +87,27 @@ def evaluate_model(
     cfg: EvalConfig,
     seed: int,
     system_prompt: str | None = None,
+    grader: BatchGrader | None = None,
+    max_seq_len: int | None = None,
 ) -> EvalReport:
-    """Held-out pass@1 of ``model`` with the built-in engine (in this process)."""
+    """Held-out pass@1 of ``model`` with the built-in engine (in this process), graded by
+    ``grader`` (None: in this thread); ``max_seq_len``: the run's ``model.max_context``."""
     from relayrl.engine.engine import Engine
-    from relayrl.eval.evaluate import evaluate
+    from relayrl.engine.types import EngineOptions
+    from relayrl.eval.evaluate import evaluate, in_process_grader
 
     was_training = model.training
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, EngineOptions(max_seq_len=max_seq_len))
     try:
-        return evaluate(engine, tokenizer, problems, cfg, seed=seed, system_prompt=system_prompt)
+        return evaluate(
+            engine,
+            tokenizer,
+            problems,
+            cfg,
+            seed=seed,
+            system_prompt=system_prompt,
+            grader=grader or in_process_grader,
+        )
     finally:
         model.train(was_training)
 
@@ -135,6 +147,8 @@ class TrainingLoop:
     total_steps: int
     on_step_end: Callable[[int], Awaitable[None]] | None = None
     evaluator: Evaluator | None = None
+    # grades held-out evaluations (the run's grading pool: relayrl.train.run.rollout)
+    grader: BatchGrader | None = None
     steps_done: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
     reports: list[EvalReport] = field(default_factory=list)
@@ -154,7 +168,15 @@ class TrainingLoop:
             model, seed = self.trainer.model, self.config.seed
             system = self.config.model.system_prompt
             report = await asyncio.to_thread(
-                evaluate_model, model, self.tokenizer, problems, cfg, seed, system
+                evaluate_model,
+                model,
+                self.tokenizer,
+                problems,
+                cfg,
+                seed,
+                system,
+                self.grader,
+                self.config.model.max_context,
             )
             report.weight_version = self.trainer.version  # the engine over it reports 0
         else:

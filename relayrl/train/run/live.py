@@ -30,7 +30,7 @@ from typing import Any
 from relayrl.config.schema import EvalConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate
+from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate, in_process_grader
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend
 from relayrl.launch.publication import Deadlines
@@ -247,9 +247,13 @@ class LiveSource:
         loop = asyncio.get_running_loop()
         tokenizer, system = self.setup.tokenizer, self.setup.config.model.system_prompt
 
+        grader = self.setup.training.grader or in_process_grader
+
         def run() -> EvalReport:  # in a worker thread: the requests go to this loop
             with RemoteEngine.sharing(self.client, loop) as engine:
-                return evaluate(engine, tokenizer, problems, cfg, seed=seed, system_prompt=system)
+                return evaluate(
+                    engine, tokenizer, problems, cfg, seed=seed, system_prompt=system, grader=grader
+                )
 
         try:
             report = await asyncio.to_thread(run)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config.schema import RunConfig
+from relayrl.eval.evaluate import pool_grader
 from relayrl.metric_names import (
     ETA,
     ETA_DRIFT,
@@ -104,6 +105,9 @@ class RolloutSide:
             encode_text=setup.encode_text,
             teacher=teacher_scorer(config),
         )
+        # held-out evaluation grades in the pool too: the run's grader, its timeouts and
+        # sandbox, and math-verify in a process's main thread (its signal.alarm timeouts)
+        setup.training.grader = pool_grader(pool)
         r = config.rollout
         auto = AutoEta(r.eta_max, r.eta_budget, INITIAL_ETA) if r.eta == "auto" else None
         return cls(controller, pool, auto)
