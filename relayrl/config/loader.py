@@ -111,6 +111,24 @@ class ConfigLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        """A key given twice in one mapping is an error at its second line: YAML keeps the
+        last silently, so a harmless-looking ``plugins: []`` near the top could be
+        overridden further down."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"key {key!r} appears twice (first at line {seen[key]}); "
+                    "give each key once",
+                    problem_mark=key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
 
 def load_yaml(text: str) -> Any:
     """``text`` parsed by :class:`ConfigLoader` (``yaml.YAMLError`` on bad input)."""

@@ -159,7 +159,7 @@ class BuiltinBackend(RolloutBackend):
             max_running_requests=cfg.rollout.max_running_requests,
             max_seq_len=cfg.model.max_context,
             device=cfg.model.device,
-            dtype=cfg.model.dtype,
+            dtype=cfg.served_dtype,
             max_adapters=cfg.rollout.max_adapters,
         )
 
@@ -201,7 +201,7 @@ class VLLMBackend(RolloutBackend):
             threads=cfg.rollout.server_threads,
             max_running_requests=cfg.rollout.max_running_requests,
             max_seq_len=cfg.model.max_context,
-            dtype=cfg.model.dtype,
+            dtype=cfg.served_dtype,
             kv_cache_gib=v.kv_cache_gib,
             threads_bind=v.threads_bind,
             extra_args=list(v.extra_args),

@@ -138,19 +138,24 @@ def remove_older_snapshots(root: Path, version: int) -> list[Path]:
     return sorted(removed)
 
 
-def snapshot_checksum(snapshot: Snapshot) -> str | None:
+def snapshot_checksum(snapshot: Snapshot, served_dtype: torch.dtype | None = None) -> str | None:
     """``weights_checksum`` of what ``snapshot`` publishes (its tensors, else its disk
     snapshot's; an adapter snapshot's: the merged weights' the trainer recorded in it), None
-    when it holds neither."""
+    when it holds neither. ``served_dtype``: the servers hold the weights in this dtype
+    (``rollout.dtype``), so the checksum is of the tensors rounded to it, as loading does."""
     if snapshot.adapter is not None:
         return snapshot.adapter.checksum
     if snapshot.path is not None and is_adapter_snapshot(snapshot.path):
         return read_adapter(snapshot.path).checksum
     if snapshot.state is not None:
-        return weights_checksum(snapshot.state.items())
-    if snapshot.path is not None:
-        return weights_checksum(read_state_dict(snapshot.path).items())
-    return None
+        state = snapshot.state
+    elif snapshot.path is not None:
+        state = read_state_dict(snapshot.path)
+    else:
+        return None
+    if served_dtype is None:
+        return weights_checksum(state.items())
+    return weights_checksum((name, t.to(served_dtype)) for name, t in state.items())
 
 
 def _retrieve(task: asyncio.Future) -> None:
@@ -337,8 +342,12 @@ class Publication:
         root: Path,
         listener: PublicationListener,
         canary: Canary | None = None,
+        served_dtype: torch.dtype | None = None,
     ) -> None:
         self.supervisor, self.publisher, self.root = supervisor, publisher, root
+        # the servers' weights dtype when it is not the trainer's (rollout.dtype): the
+        # checksum and the canary's reference are of the weights rounded to it
+        self.served_dtype = served_dtype
         self.listener = listener
         self.canary = canary or Canary(every=0)
         self.canaries = 0  # canaries run
@@ -372,11 +381,13 @@ class Publication:
         this publication runs the canary (the trainer trains on meanwhile)."""
         snapshot = self.publisher.snapshot(trainer, self.root, version)
         if self.supervisor.steps.verify:
-            snapshot.checksum = snapshot_checksum(snapshot)
+            snapshot.checksum = snapshot_checksum(snapshot, self.served_dtype)
         reference = None
         if self.canary.due(self.count):
             try:
                 reference = copy.deepcopy(trainer.model).eval()
+                if self.served_dtype is not None:
+                    reference = reference.to(self.served_dtype)
             except Exception as exc:  # noqa: BLE001 - e.g. a sharded model: no canary
                 print(f"warning: no canary ({exc!r})", file=sys.stderr, flush=True)
                 self.canary = Canary(every=0)

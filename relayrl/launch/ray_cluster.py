@@ -369,7 +369,7 @@ class RayServerLauncher(ServerLauncher):
             scheduling_strategy=strategy,
             name=None,
         ).remote()
-        log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
+        log = self.log_path(i)
         info = await_start(
             actor,
             actor.start.remote(self.spec, i, str(log), log_mode),

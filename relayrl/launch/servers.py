@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -238,6 +239,14 @@ class ServerLauncher:
             raise
         return self.urls
 
+    def log_path(self, i: int) -> Path:
+        """Server ``i``'s log: in ``log_dir``, else in a private directory made for this
+        launcher (0700 under the temporary directory): never a fixed shared path, where
+        another user could plant a symlink or two runs would write into each other."""
+        if self.log_dir is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="relayrl-servers-"))
+        return self.log_dir / f"server-{i}.log"
+
     def _command(self, port: int) -> list[str]:
         return self.spec.command(port)
 
@@ -270,7 +279,7 @@ class ServerLauncher:
 
     def _popen(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
         port = self._port(i)
-        log = (self.log_dir or Path("/tmp")) / f"server-{i}.log"
+        log = self.log_path(i)
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, **self.spec.environment(i))
         env[PARENT_ENV] = str(os.getpid())

@@ -9,7 +9,10 @@ carries in ``grader`` to a function ``(problem, completion) -> (reward, info)``;
   task) through the strict ``#### N`` rule :func:`relayrl.rewards.math.grade_math`;
 * ``countdown``: the Countdown verifier;
 * ``code``: the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``);
-* ``reasoning_gym``: the answer after ``####`` scored by the reasoning-gym dataset's own
+* ``reasoning_gym``: the answer in the last ``<answer>…</answer>`` (reasoning-gym's own
+  convention, what its system prompt asks for), else after ``####`` (``task.params.extract``
+  sets other rules, e.g. ``last_number`` for a model that answers in a sentence), scored by
+  the reasoning-gym dataset's own
   ``score_answer`` on the item the problem was made from (:mod:`relayrl.tasks.reasoning_gym`).
   relayrl's rewards are 0 or 1 (pass@k counts rewards above 0), so the reward is 1 only at
   reasoning-gym's full score; its own score is in the info (``rg_score``).
@@ -31,7 +34,7 @@ from typing import Any
 from relayrl.errors import RelayError
 from relayrl.registry import Registry
 from relayrl.rewards.countdown import verify_countdown
-from relayrl.rewards.extract import extract_hash_answer
+from relayrl.rewards.extract import extract_answer
 from relayrl.rewards.math import MathGradeConfig, grade_math, grade_math_answer
 from relayrl.tasks.base import Problem
 
@@ -74,11 +77,16 @@ def _grade_code(problem: Problem, completion: str) -> tuple[float, dict[str, Any
     return float(result.passed), {"status": result.status, "detail": result.detail}
 
 
+DEFAULT_RG_EXTRACT = ("tag", "hash")
+
+
 @register_grader("reasoning_gym")
 def _grade_reasoning_gym(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     from relayrl.tasks.reasoning_gym import dataset_of, item_of  # reasoning-gym, on use
 
-    answer = extract_hash_answer(completion)
+    modes = problem.meta.get("extract") or DEFAULT_RG_EXTRACT
+    found = extract_answer(completion, modes)
+    answer = found.text if found is not None else None
     rg_score = 0.0
     if answer is not None:
         rg_score = float(dataset_of(problem).score_answer(answer, item_of(problem)))

@@ -35,7 +35,7 @@ MAX_NUMBER_CHARS = 64
 MAX_ANSWER_CHARS = 1000
 MAX_COMPLETION_CHARS = 200_000
 
-MODES = ("boxed", "hash", "answer_is", "last_number")
+MODES = ("tag", "boxed", "hash", "answer_is", "last_number")
 
 
 class _Ambiguous(Exception):
@@ -92,6 +92,16 @@ def extract_last_number(text: str) -> str | None:
     return found[-1].rstrip(",") if found else None
 
 
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_tagged_answer(text: str) -> str | None:
+    """The text inside the last ``<answer>…</answer>`` (stripped), or None: the format
+    reasoning-gym's system prompt asks for (``reasoning_gym.utils.SYSTEM_PROMPTS``)."""
+    matches = _ANSWER_TAG.findall(text)
+    return matches[-1].strip() if matches else None
+
+
 def _hash_mode(text: str) -> str | None:
     count = text.count("####")
     if count > 1:
@@ -100,6 +110,7 @@ def _hash_mode(text: str) -> str | None:
 
 
 _EXTRACTORS = {
+    "tag": extract_tagged_answer,
     "boxed": extract_boxed,
     "hash": _hash_mode,
     "answer_is": extract_answer_is,

@@ -1,12 +1,14 @@
 """reasoning-gym's procedural datasets as a relayrl task: ``task.name=reasoning_gym``.
 
 ``task.params``: ``dataset`` (a reasoning-gym dataset name, e.g. ``chain_sum``), ``config``
-(that dataset's own settings, passed to ``reasoning_gym.create_dataset``) and
-``dataset_seed``. A problem is the dataset's item at an index drawn from relayrl's seeded
+(that dataset's own settings, passed to ``reasoning_gym.create_dataset``), ``dataset_seed``
+and ``extract`` (how the grader finds the answer: ``[tag, hash]`` by default, i.e.
+``<answer>…</answer>`` as reasoning-gym's system prompt asks, else ``#### N``;
+``last_number`` for a model that answers in a sentence). A problem is the dataset's item at an index drawn from relayrl's seeded
 stream; train and test are disjoint by question text, like every synthetic task
 (:class:`~relayrl.tasks.base.SyntheticTask`). Its grader, ``reasoning_gym``
 (:mod:`relayrl.rewards.dispatch`), rebuilds the item from ``(dataset, config, dataset_seed,
-index)`` and scores the answer after ``####`` with the dataset's own ``score_answer``.
+index)`` and scores the extracted answer with the dataset's own ``score_answer``.
 
 Demonstrations for SFT: ``chain_sum`` gets a worked left-to-right chain (one wrong partial
 sum when ``wrong``); every other dataset an answer-only line (``wrong``: another item's
@@ -79,9 +81,21 @@ class ReasoningGymTask(SyntheticTask):
     config: dict[str, Any] = field(default_factory=dict)
     dataset_seed: int = 0
     test_fraction: float = 0.1
+    # how the grader finds the answer in a completion (relayrl.rewards.extract's rules, the
+    # first that finds one); None: <answer>…</answer>, else after ####
+    extract: list[str] | None = None
     name: str = "reasoning_gym"
 
     def __post_init__(self) -> None:
+        if self.extract is not None and (
+            not isinstance(self.extract, list)
+            or not self.extract
+            or not all(isinstance(m, str) for m in self.extract)
+        ):
+            raise RelayError(
+                f"task.params.extract: {self.extract!r}; expected a non-empty list of rule "
+                "names (tag, hash, boxed, answer_is, last_number)"
+            )
         self._data = open_dataset(self.dataset, self.config, self.dataset_seed)
 
     def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
@@ -92,6 +106,7 @@ class ReasoningGymTask(SyntheticTask):
             "config": self.config,
             "dataset_seed": self.dataset_seed,
             "index": index,
+            **({"extract": list(self.extract)} if self.extract else {}),
         }
         problem = Problem(problem_id, item["question"], str(item["answer"]), "reasoning_gym", meta)
         return item["question"], problem

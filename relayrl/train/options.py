@@ -63,6 +63,9 @@ class TrainerOptions:
     - ``replay``: D-ARL's settings when ``replay.enable``, else None.
     - ``stale_kl``: log ``stale_kl_per_version``, the per-version drift of the batch's stale
       tokens that ``rollout.eta=auto`` reads (on with ``auto``).
+    - ``autocast_bf16``: forward passes under bf16 autocast, fp32 weights, gradients and
+      optimizer state (``train.mixed_precision=bf16`` at ``train.world_size=1``; FSDP2's
+      mixed precision does it above).
     """
 
     loss: LossConfig
@@ -82,6 +85,7 @@ class TrainerOptions:
     drift_metrics: bool
     replay: ReplayConfig | None
     stale_kl: bool = False
+    autocast_bf16: bool = False
 
     @classmethod
     def from_config(cls, config: RunConfig) -> TrainerOptions:
@@ -105,6 +109,7 @@ class TrainerOptions:
             drift_metrics=config.train.drift_metrics,
             replay=config.replay.model_copy() if config.replay.enable else None,
             stale_kl=config.rollout.eta == "auto",
+            autocast_bf16=config.train.mixed_precision == "bf16" and config.train.world_size == 1,
         )
 
 

@@ -42,6 +42,7 @@ relayrl.train.options, relayrl.train.replay_step.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 from collections.abc import Sequence
@@ -124,6 +125,13 @@ class _MicroBatch:
         """The inverse of ``scatter``: one CPU tensor per row, over its completion tokens."""
         padded = padded.cpu()
         return [padded[row, span] for row, span in enumerate(self.spans)]
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward can compute the output head on the last positions only
+    (Hugging Face causal LMs; a peft model forwards it to its base)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _collate(
@@ -217,11 +225,27 @@ class RLTrainer:
         return copy.deepcopy(model).eval().requires_grad_(False)
 
     # ------------------------------------------------------------------ logprobs
-    def _logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> tuple[torch.Tensor, Any]:
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        logits = logits[:, :-1].float() / self.temperature
+    def _logprobs(
+        self, model: torch.nn.Module, mb: _MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[b, L-1]`` logprobs of the targets, ``log_softmax(logits / T)``, and the
+        logits they come from (``[b, L-1-start, V]``), computed from the first completion
+        column ``start`` on: a prompt's positions need no output head, whose matrix product
+        and log_softmax over a 49k vocabulary are a large part of a real model's step.
+        Columns before ``start`` are 0 (no token there is trained)."""
+        width = mb.input_ids.shape[1]
+        start = min((span.start for span in mb.spans), default=0)
+        kwargs = {"logits_to_keep": width - start} if _takes_logits_to_keep(model) else {}
+        device = mb.input_ids.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.options.autocast_bf16):
+            logits = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs
+            ).logits
+        logits = logits[:, -(width - start) : -1].float() / self.temperature
         logp = torch.log_softmax(logits, dim=-1)
-        return logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1), logits
+        logp = logp.gather(-1, mb.targets[:, start:].unsqueeze(-1)).squeeze(-1)
+        head = logp.new_zeros(logp.shape[0], start)
+        return torch.cat([head, logp], dim=1), logits
 
     @torch.no_grad()
     def _no_grad_logprobs(self, model: torch.nn.Module, mb: _MicroBatch) -> torch.Tensor:
@@ -473,6 +497,7 @@ class RLTrainer:
                 keep_logprobs.update(zip(mb.index, mb.gather(logp.detach()), strict=True))
             with torch.no_grad():
                 ent = entropy_from_logits(logits.detach())
+                ent = torch.cat([ent.new_zeros(ent.shape[0], logp.shape[1] - ent.shape[1]), ent], 1)
             if fused_prox:
                 inputs[i] = {**inputs[i], "prox_logprobs": logp.detach()}
             out = policy_loss(

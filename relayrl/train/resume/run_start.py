@@ -85,14 +85,51 @@ def truncate_logs(run_dir: Path, step: int) -> None:
     _rewrite_jsonl(run_dir / "samples.jsonl", lambda row: int(row.get("step", 0)) < step)
 
 
+# keys of a run's config that decide what code runs, and their harmless values: a run
+# directory is data (copied, shared, downloaded), so what it says there is not obeyed on
+# --resume unless the command line says it again
+CODE_KEYS: dict[str, Any] = {
+    "plugins": [],
+    "sandbox.allow_unisolated": False,
+    "rollout.vllm.python": None,
+}
+
+
 def resume_config(run_dir: str | Path, overrides: list[str]) -> Any:
     """The config of the run in ``run_dir`` (its saved ``config.yaml``) plus ``overrides``,
-    with ``output_dir``/``name`` pointing at ``run_dir`` wherever it now lives."""
-    from relayrl.config.loader import load_config
+    with ``output_dir``/``name`` pointing at ``run_dir`` wherever it now lives. A saved
+    value of one of :data:`CODE_KEYS` (plugins to import, the sandbox switched off, the
+    interpreter of the vLLM servers) is refused, naming its line, unless an override sets
+    that key again: nothing in the file runs before that."""
+    from relayrl.config.loader import load_config, parse_override, read_yaml
 
     run = Path(run_dir)
     saved = run / "config.yaml"
     if not saved.is_file():
         raise RelayError(f"--resume {run_dir}: no config.yaml there (not a relayrl run directory)")
+    data, lines = read_yaml(saved)
+    confirmed = {parse_override(text)[0] for text in overrides}
+    for key, harmless in CODE_KEYS.items():
+        value = _dotted(data, key)
+        if value not in (None, harmless) and key not in confirmed:
+            line = lines.get(key)
+            raise RelayError(
+                f"{saved}{f':{line}' if line else ''}: {key}: {value!r} decides what code the "
+                f"run executes; a run directory's config is not trusted for that on --resume. "
+                f"If you trust it, say it again: relayrl train --resume {run_dir} "
+                f"'{key}={_yaml_flow(value)}'"
+            )
     location = [f"output_dir={run.resolve().parent}", f"name={run.name}"]
     return load_config(str(saved), [*overrides, *location])
+
+
+def _dotted(data: dict, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+def _yaml_flow(value: Any) -> str:
+    return json.dumps(value)

@@ -148,8 +148,9 @@ class LiveSource:
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
+        served = cfg.served_dtype if cfg.served_dtype != cfg.model.dtype else None
         publication = Publication(
-            setup.trainer, rollout.controller, supervisor, publisher, weights, cfg.train
+            setup.trainer, rollout.controller, supervisor, publisher, weights, cfg.train, served
         )
         return cls(setup, launcher, client, supervisor, rollout, publication)
 

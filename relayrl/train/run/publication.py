@@ -20,6 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import torch
+
 from relayrl.config.schema import RunConfig, TrainConfig
 from relayrl.launch.publication import Canary, remove_older_snapshots
 from relayrl.launch.publication import Publication as Transaction
@@ -78,11 +80,20 @@ class Publication:
         publisher: WeightPublisher,
         weights: Path,
         train: TrainConfig,
+        served_dtype: str | None = None,
     ) -> None:
         self.trainer, self.controller = trainer, controller
         self.supervisor, self.publisher, self.weights = supervisor, publisher, weights
-        canary = Canary(train.publish_canary_every, train.publish_canary_tolerance)
-        self.transaction = Transaction(supervisor, publisher, weights, controller, canary)
+        # servers in another dtype (rollout.dtype): their logprobs differ from the trainer's
+        # by the rounding (bf16: ~0.1 nats, several on an odd prompt's first token), more
+        # than a stale publication moves them, so no canary; the checksum of the rounded
+        # weights still proves delivery exactly
+        every = train.publish_canary_every if served_dtype is None else 0
+        canary = Canary(every, train.publish_canary_tolerance)
+        dtype = getattr(torch, served_dtype) if served_dtype else None
+        self.transaction = Transaction(
+            supervisor, publisher, weights, controller, canary, served_dtype=dtype
+        )
 
     @property
     def seconds(self) -> float:
