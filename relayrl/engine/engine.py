@@ -32,6 +32,7 @@ import concurrent.futures
 import itertools
 import os
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -524,6 +525,8 @@ class Engine:
             "kv_cache_peak_bytes": self.cache.peak_bytes,
             "kv_budget_tokens": self.kv_budget_tokens,
             "kv_bytes_per_token": self.runner.kv_bytes_per_token,
+            # the process's peak resident memory (a server's: the engine is all it runs)
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
     def _stop(self) -> None:

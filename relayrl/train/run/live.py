@@ -65,6 +65,7 @@ SERVER_COUNTERS = (
     "reprefill_tokens",
     "kept_kv",
     "kept_version",
+    "shared_prefill_tokens",
 )
 
 
@@ -77,7 +78,10 @@ async def server_counters(client: RolloutClient) -> dict[str, float]:
         return {}
     if not all(isinstance(i, dict) and all(k in i for k in SERVER_COUNTERS) for i in infos):
         return {}
-    return {f"server_{k}": float(sum(i[k] for i in infos)) for k in SERVER_COUNTERS}
+    counters = {f"server_{k}": float(sum(i[k] for i in infos)) for k in SERVER_COUNTERS}
+    if all("peak_rss_mb" in i for i in infos):  # the largest server's
+        counters["server_peak_rss_mb"] = float(max(i["peak_rss_mb"] for i in infos))
+    return counters
 
 
 class LiveSource:

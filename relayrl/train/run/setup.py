@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,10 @@ class RunSetup:
             self.tokenizer.save_pretrained(out)
         metrics = self.run_dir / "metrics.jsonl"
         result.summary["final_pass@1"] = result.final_pass_at_1
+        # this process: the trainer, the controller and (eval.backend=trainer) evaluation
+        result.summary["trainer_peak_rss_mb"] = (
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        )
         result.summary.update(realised_staleness(metrics))
         result.summary.update(drift_summary(metrics))
         with contextlib.suppress(OSError):
