@@ -184,6 +184,7 @@ class GradingPool:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self._grader = grader or _default_grader
+        self.verifies = grader is None  # grades by the problems' own verifiers
         self._ctx = multiprocessing.get_context("spawn")
         self._jobs: queue.Queue[tuple[Future, Problem, str] | None] = queue.Queue()
         self._lock = threading.Lock()

@@ -46,17 +46,19 @@ def test_environment_tokens_get_no_gradient(tmp_path, tiny_model_dir):
     trajs = [episode(0, 1.0), episode(1, -1.0)]
     stats = trainer.train_step([trajs])
     assert len(grads) == 1 and trainer.version == 1
-    per_position = grads[0].abs().sum(-1)  # [rows, positions]: gradient reaching each logit row
+    # [rows, positions]: the gradient reaching each logit row; the output head runs from the
+    # first completion position (p - 1) on, so prompt positions get none by construction
+    per_position = grads[0].abs().sum(-1)
     p = len(PROMPT)
     origins = trajs[0].origins
+    assert per_position.shape[1] == len(origins) + 1  # positions p-1 .. p-1+len(origins)
     for row in range(2):
         for i, origin in enumerate(origins):
-            g = float(per_position[row, p - 1 + i])  # logits at p-1+i predict token i
+            g = float(per_position[row, i])  # logits at p-1+i predict completion token i
             if origin == ORIGIN_ENV:
                 assert g == 0.0, (row, i)
             else:
                 assert g > 0.0, (row, i)
-        assert float(per_position[row, : p - 1].sum()) == 0.0  # prompt positions
     assert stats["train_tokens"] == 2 * (p + len(origins))
 
     mb = _collate(trajs, [0, 1], pad_id=0, device=torch.device("cpu"))

@@ -105,9 +105,11 @@ class RolloutSide:
             encode_text=setup.encode_text,
             teacher=teacher_scorer(config),
         )
-        # held-out evaluation grades in the pool too: the run's grader, its timeouts and
-        # sandbox, and math-verify in a process's main thread (its signal.alarm timeouts)
-        setup.training.grader = pool_grader(pool)
+        # held-out evaluation grades in the pool too when it grades by the problems' own
+        # verifiers (not a training reward that replaces them): timeouts, the sandbox,
+        # and math-verify in a process's main thread (its signal.alarm timeouts)
+        if pool.verifies:
+            setup.training.grader = pool_grader(pool)
         r = config.rollout
         auto = AutoEta(r.eta_max, r.eta_budget, INITIAL_ETA) if r.eta == "auto" else None
         return cls(controller, pool, auto)
