@@ -232,9 +232,12 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     plugins: list[str] | None = None,
+    resolve_model: bool = True,
 ) -> RunConfig:
     """Read ``path`` (or the defaults), apply ``overrides``, add ``plugins`` (``--plugin``)
-    to the config's own and validate (the plugins are imported first: relayrl.plugins)."""
+    to the config's own and validate (the plugins are imported first: relayrl.plugins).
+    ``resolve_model=False`` leaves a ``.gguf``/``pkg:`` ``model.path`` as written (no
+    conversion, the package need not be installed): the schema alone is checked."""
     data, lines = read_yaml(path) if path is not None else ({}, {})
     override_keys: set[str] = set()
 
@@ -259,7 +262,7 @@ def load_config(
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise RelayError(_validation_message(exc, where)) from None
-    if is_gguf_spec(config.model.path):  # a .gguf or pkg:NAME: its cached model directory
+    if resolve_model and is_gguf_spec(config.model.path):  # a .gguf or pkg:NAME: its cached model directory
         key = f"{where('model.path')}model.path"
         config.model.path = resolve_model_path(config.model.path, key=key)
     return config
