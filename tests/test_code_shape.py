@@ -73,3 +73,29 @@ def test_the_checks_fire_on_a_sample(tmp_path):
     assert config_any(package) == ["pkg/sample.py:1 f: config: Any"]
     sample.write_text(f'def f():\n    """Short.\n\n    {WHY} a sample."""\n{body}\n')
     assert long_functions(package) == []
+
+
+# packages whose code runs on the run's asyncio loop: a blocking sleep there stalls admission,
+# the servers' clients and the watchdog together (issue 46: live.py slept 0.5 s in the loop)
+EVENT_LOOP_PACKAGES = ("train/run", "rollout")
+
+
+def blocking_sleeps(root: Path) -> list[str]:
+    """``time.sleep(...)`` calls under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "time.sleep":
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_blocking_sleep_on_the_event_loop(tmp_path):
+    found = [hit for pkg in EVENT_LOOP_PACKAGES for hit in blocking_sleeps(ROOT / pkg)]
+    assert not found, "time.sleep in event-loop code (use await asyncio.sleep):\n" + "\n".join(
+        found
+    )
+    sample = tmp_path / "loop"
+    sample.mkdir()
+    (sample / "m.py").write_text("import time\nasync def f():\n    time.sleep(1)\n")
+    assert blocking_sleeps(sample) == ["loop/m.py:3"]

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -228,6 +230,7 @@ class RolloutController:
         self._admit_task: asyncio.Task | None = None
         self._fatal: BaseException | None = None
         self._consecutive_errors = 0
+        self._reported_errors: set[tuple] = set()  # (type, file, line) already printed
         self._filtered_in_row = 0  # all-equal groups in a row, filtered or past the cap
         self._filtered_this_step = 0  # groups dropped since the last batch was handed out
         self._gen_tokens = 0
@@ -362,6 +365,7 @@ class RolloutController:
             self._count_error(exc)
             return
         except Exception as exc:  # noqa: BLE001 - a bad sample rejects its group only
+            self._report_unexpected(group, exc)
             self._reject(group, "error")
             self._count_error(exc)
             return
@@ -369,6 +373,24 @@ class RolloutController:
         group.trajectories = [t for t, _ in samples]
         group.texts = [text for _, text in samples]
         self._finish_group(group)
+
+    def _report_unexpected(self, group: Group, exc: Exception) -> None:
+        """A workflow or grader raised something that is not a server or user error: often a
+        programming error, so its traceback is printed the first time each (type, place)
+        occurs instead of being counted silently until ``max_consecutive_errors``."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        place = (type(exc).__name__, *(frames[-1][:2] if frames else ()))
+        self.counters["unexpected_errors"] += 1
+        if place in self._reported_errors:
+            return
+        self._reported_errors.add(place)
+        detail = "".join(traceback.format_exception(exc)).rstrip()
+        print(
+            f"warning: group {group.key} failed and is dropped (more like it are counted in "
+            f"unexpected_errors, not printed):\n{detail}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _count_error(self, exc: BaseException) -> None:
         self._consecutive_errors += 1

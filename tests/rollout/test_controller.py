@@ -171,7 +171,11 @@ def test_rare_publication_is_capped_so_admission_never_starves(eta):
     assert ctrl.published_version >= 12 - (eta + 1)
 
 
-def test_failing_generation_stops_the_run_after_the_limit():
+def test_failing_generation_stops_the_run_after_the_limit(capsys):
+    """An unexpected exception (here a ValueError, as a programming error would be) drops its
+    group, is counted, and its traceback is printed once, not once per group (issue 46: it
+    was silent until the run failed)."""
+
     async def broken(ids, params, key):
         raise ValueError("bad request")
 
@@ -182,6 +186,10 @@ def test_failing_generation_stops_the_run_after_the_limit():
     with pytest.raises(RelayError, match="5 groups failed in a row: bad request"):
         one_batch(ctrl)
     assert ctrl.counters["rejected_error"] >= 5
+    assert ctrl.counters["unexpected_errors"] >= 5
+    err = capsys.readouterr().err
+    assert err.count("warning: group") == 1 and err.count("Traceback") == 1
+    assert "ValueError: bad request" in err and "in broken" in err
 
 
 def filtering(prompts_per_step: int = 2, eta: int = 1, **kw) -> ControllerOptions:

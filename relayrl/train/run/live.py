@@ -186,7 +186,7 @@ class LiveSource:
             await self.checkpoints.save_and_stop(training.steps_done)
             raise
         except (RolloutServerError, OSError) as exc:
-            raise self._server_error(exc) from exc
+            raise await self._server_error(exc) from exc
         finally:
             stop.uninstall()
             watch.cancel()
@@ -224,8 +224,8 @@ class LiveSource:
         )
         return done
 
-    def _server_error(self, exc: BaseException) -> RelayError:
-        time.sleep(0.5)  # let a dying server's exit status show
+    async def _server_error(self, exc: BaseException) -> RelayError:
+        await asyncio.sleep(0.5)  # let a dying server's exit status show (loop keeps running)
         try:
             self.launcher.check()
         except RelayError as named:
@@ -271,7 +271,7 @@ class LiveSource:
         try:
             groups = await self.controller.next_batch()
         except RolloutServerError as exc:
-            raise self._server_error(exc) from exc
+            raise await self._server_error(exc) from exc
         return [g.trajectories for g in groups]
 
     async def after_update(self, trainer_version: int, last_step: bool) -> dict[str, Any]:
