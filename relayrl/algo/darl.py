@@ -4,13 +4,15 @@ public, so these definitions are ours).
 Owns:
 
 - ``variance_scores``: per-candidate score ``s = mean_t (w_t − 1)²``, ``w_t = π_prox/μ``.
-- ``selection_cutoff`` / ``select_distribution_matched``: keep stale candidates whose score
-  is within a reference set's q-quantile (or under an absolute threshold).
+- ``selection_cutoff``: the score bound of a stale candidate, a reference set's q-quantile
+  (or an absolute threshold); ``relayrl.train.replay_step`` applies it with the step's fresh
+  samples as the reference.
 - ``effective_sample_size`` / ``policy_weights``: ``ESS = (Σw)²/Σw²`` and
   ``α_k = ESS_k / Σ_j ESS_j``.
-- ``behaviour_plan`` / ``multi_behaviour_loss``: ``L = Σ_k α_k L_k`` with ``L_k`` the
-  decoupled loss token-mean over the tokens of behaviour version k, written as per-token
-  coefficients ``α_k / N_k`` so that it can be accumulated over micro-batches.
+- ``behaviour_plan``: ``L = Σ_k α_k L_k`` with ``L_k`` the decoupled loss token-mean over
+  the tokens of behaviour version k, written as per-token coefficients ``α_k / N_k`` that
+  ``relayrl.algo.losses.policy_loss`` takes as ``token_coef`` (normaliser 1), so it can be
+  accumulated over micro-batches.
 - ``balance_heuristic_logweights``: the multiple-importance-sampling balance heuristic.
 
 All importance weights are stop-gradient. Imports: torch and ``relayrl.algo.losses``.
@@ -20,17 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from relayrl.algo.losses import (
-    LossConfig,
-    LossOutput,
     per_sequence_sum,
-    policy_loss,
     sequence_index,
 )
 
@@ -64,38 +63,6 @@ def variance_scores(
     return num / count.clamp(min=1.0)
 
 
-@dataclass
-class VersionSelection:
-    """Selection outcome for one behaviour version."""
-
-    count: int
-    kept: int
-    mean_score: float
-
-    @property
-    def kept_frac(self) -> float:
-        return self.kept / self.count if self.count else 0.0
-
-
-@dataclass
-class SelectionResult:
-    """``keep[i]`` for candidate i; ``cutoff`` is the score bound applied to stale candidates
-    (``inf`` when no selection was asked for)."""
-
-    keep: list[bool]
-    reference_version: int | None
-    cutoff: float
-    per_version: dict[int, VersionSelection] = field(default_factory=dict)
-
-    def log_stats(self) -> dict[str, float]:
-        """Flat metrics: kept fraction and mean score per version."""
-        out: dict[str, float] = {"select/cutoff": self.cutoff}
-        for v, s in sorted(self.per_version.items()):
-            out[f"select/kept_frac/v{v}"] = s.kept_frac
-            out[f"select/mean_score/v{v}"] = s.mean_score
-        return out
-
-
 def _quantile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation quantile (numpy's default, ``torch.quantile``'s ``linear``)."""
     xs = sorted(values)
@@ -118,53 +85,6 @@ def selection_cutoff(
             raise ValueError("quantile must be in [0, 1]")
         return _quantile(reference, quantile) if reference else -math.inf
     return threshold if threshold is not None else math.inf
-
-
-def select_distribution_matched(
-    scores: Sequence[float] | Tensor,
-    versions: Sequence[int],
-    quantile: float | None = None,
-    threshold: float | None = None,
-    reference_version: int | None = None,
-) -> SelectionResult:
-    """Variance-guided selection of distribution-matched candidates.
-
-    The reference distribution is the scores of the candidates of the freshest (largest)
-    behaviour version present. Those are always kept; a stale candidate is kept when its
-    score is ≤ the reference's ``quantile`` (in [0, 1]) or, instead, ≤ ``threshold``.
-    Give at most one of the two; with neither every candidate is kept (no selection).
-
-    ``reference_version`` overrides "freshest present" (candidates of that version or
-    newer are kept, the quantile is taken over that version's scores). Use it when some
-    candidates are exactly on-policy (version == trainer version): their scores are only
-    engine/trainer numerical noise, and a quantile of noise would reject nearly all stale
-    data. See docs/darl.md.
-    """
-    score_list = [float(s) for s in (scores.tolist() if isinstance(scores, Tensor) else scores)]
-    if len(score_list) != len(versions):
-        raise ValueError(f"{len(score_list)} scores but {len(versions)} versions")
-    selection_cutoff([], quantile, threshold)  # checks the arguments
-    if not versions:
-        return SelectionResult(keep=[], reference_version=None, cutoff=math.inf)
-
-    fresh = max(versions) if reference_version is None else reference_version
-    ref = [s for s, v in zip(score_list, versions, strict=True) if v == fresh]
-    if quantile is not None and not ref:
-        raise ValueError(f"no candidate of the reference version {fresh}")
-    cutoff = selection_cutoff(ref, quantile, threshold)
-    keep = [v >= fresh or s <= cutoff for s, v in zip(score_list, versions, strict=True)]
-
-    per_version: dict[int, VersionSelection] = {}
-    for v in sorted(set(versions)):
-        idx = [i for i, vi in enumerate(versions) if vi == v]
-        per_version[v] = VersionSelection(
-            count=len(idx),
-            kept=sum(keep[i] for i in idx),
-            mean_score=sum(score_list[i] for i in idx) / len(idx),
-        )
-    return SelectionResult(
-        keep=keep, reference_version=fresh, cutoff=cutoff, per_version=per_version
-    )
 
 
 # ------------------------------------------------------------------- policy-level weights
@@ -263,49 +183,6 @@ def behaviour_plan(
         raise ValueError(f"unknown weighting {weighting!r}")
     coef = {k: alphas[k] / counts[k] for k in versions}
     return BehaviourPlan(alphas=alphas, ess=ess, token_counts=counts, coef_by_version=coef)
-
-
-def multi_behaviour_loss(
-    logprobs: Tensor,
-    prox_logprobs: Tensor,
-    behav_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    version_ids: Tensor,
-    cfg: LossConfig,
-    *,
-    weighting: Weighting = "ess",
-    plan: BehaviourPlan | None = None,
-    seq_ids: Tensor | None = None,
-    log_is_weight: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> tuple[LossOutput, BehaviourPlan]:
-    """``L = Σ_k α_k L_k``, ``L_k`` the decoupled loss token-mean over version k's tokens.
-
-    Without ``plan``, the plan is computed from these tensors (the whole step in one
-    batch). For micro-batches, compute ``plan = behaviour_plan(...)`` once over the step
-    and pass it with each micro-batch: the micro-batch losses then sum to ``L``.
-    """
-    if cfg.loss != "decoupled":
-        raise ValueError("the multi-behaviour loss is built on loss='decoupled'")
-    if plan is None:
-        plan = behaviour_plan(prox_logprobs, behav_logprobs, mask, version_ids, weighting)
-    out = policy_loss(
-        logprobs,
-        behav_logprobs,
-        advantages,
-        mask,
-        cfg,
-        1.0,
-        prox_logprobs=prox_logprobs,
-        ref_logprobs=ref_logprobs,
-        seq_ids=seq_ids,
-        token_coef=plan.token_coef(version_ids, mask),
-        log_is_weight=log_is_weight,
-        entropy=entropy,
-    )
-    return out, plan
 
 
 # -------------------------------------------------------------------- balance heuristic

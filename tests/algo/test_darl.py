@@ -1,4 +1,7 @@
-"""D-ARL maths against hand-computed and closed-form values."""
+"""D-ARL maths against hand-computed and closed-form values. The loss is composed as the
+trainer composes it (:func:`darl_loss`: ``behaviour_plan`` over the step, its per-token
+coefficients as ``policy_loss``'s ``token_coef`` with normaliser 1); the selection the
+trainer applies is tested in tests/buffer/test_replay_training.py."""
 
 from __future__ import annotations
 
@@ -12,9 +15,7 @@ from relayrl.algo.darl import (
     behaviour_plan,
     effective_sample_size,
     effective_sample_size_from_log,
-    multi_behaviour_loss,
     policy_weights,
-    select_distribution_matched,
     selection_cutoff,
     variance_scores,
 )
@@ -27,6 +28,17 @@ F64 = torch.float64
 
 def lp(*probs: float) -> torch.Tensor:
     return torch.tensor(probs, dtype=F64).log()
+
+
+def darl_loss(logp, prox, behav, adv, mask, versions, cfg, *, weighting="ess", plan=None, **kw):
+    """``L = Σ_k α_k L_k`` as the trainer computes it (train/replay_step.py ``loss_terms``,
+    then ``policy_loss`` per micro-batch): the plan over the step unless given, ``c_t`` as
+    ``token_coef``, normaliser 1. Returns the loss output and the plan."""
+    if plan is None:
+        plan = behaviour_plan(prox, behav, mask, versions, weighting)
+    coef = plan.token_coef(versions, mask)
+    out = policy_loss(logp, behav, adv, mask, cfg, 1.0, prox_logprobs=prox, token_coef=coef, **kw)
+    return out, plan
 
 
 # ------------------------------------------------------------------------- scores
@@ -52,44 +64,6 @@ def test_variance_score_flat_with_seq_ids() -> None:
 # ---------------------------------------------------------------------- selection
 
 
-def test_select_by_quantile_of_freshest_version() -> None:
-    versions = [3, 3, 3, 3, 2, 2, 1]
-    scores = [0.0, 0.1, 0.2, 0.3, 0.1, 0.2, 0.15]
-    res = select_distribution_matched(scores, versions, quantile=0.5)
-    # median of [0, .1, .2, .3] (linear) = 0.15
-    assert res.cutoff == pytest.approx(0.15)
-    assert res.reference_version == 3
-    assert res.keep == [True, True, True, True, True, False, True]
-    assert res.per_version[3].kept_frac == 1.0
-    assert res.per_version[2].kept_frac == 0.5
-    assert res.per_version[2].mean_score == pytest.approx(0.15)
-    assert res.per_version[1].kept == 1
-    stats = res.log_stats()
-    assert stats["select/kept_frac/v2"] == 0.5
-
-
-def test_select_by_threshold_always_keeps_freshest() -> None:
-    versions = torch.tensor([5, 5, 4, 4, 3]).tolist()
-    scores = torch.tensor([0.9, 0.01, 0.05, 0.2, 0.12])
-    res = select_distribution_matched(scores, versions, threshold=0.12)
-    assert res.keep == [True, True, True, False, True]
-    assert res.per_version[5].kept_frac == 1.0
-
-
-def test_select_quantile_extremes_and_no_selection() -> None:
-    versions = [2, 2, 2, 1, 1]
-    scores = [0.1, 0.4, 0.7, 0.7, 0.71]
-    assert select_distribution_matched(scores, versions, quantile=1.0).keep == [True] * 4 + [False]
-    assert (
-        select_distribution_matched(scores, versions, quantile=0.0).keep == [True] * 3 + [False] * 2
-    )
-    none = select_distribution_matched(scores, versions)
-    assert none.keep == [True] * 5 and none.cutoff == math.inf
-    assert select_distribution_matched([], []).keep == []
-    with pytest.raises(ValueError):
-        select_distribution_matched(scores, versions, quantile=0.5, threshold=0.1)
-
-
 def test_selection_cutoff() -> None:
     ref = [0.3, 0.0, 0.1, 0.2]
     assert selection_cutoff(ref, 0.5, None) == pytest.approx(0.15)
@@ -100,22 +74,6 @@ def test_selection_cutoff() -> None:
     for bad in ((0.5, 0.1), (1.5, None)):
         with pytest.raises(ValueError):
             selection_cutoff(ref, *bad)
-
-
-def test_select_with_explicit_reference_version() -> None:
-    # version 4 is on-policy (scores are numerical noise); reference = version 3
-    versions = [4, 4, 3, 3, 3, 2, 2]
-    scores = [1e-9, 2e-9, 0.1, 0.2, 0.3, 0.25, 0.35]
-    default = select_distribution_matched(scores, versions, quantile=0.5)
-    assert default.keep == [True, True, False, False, False, False, False]
-    res = select_distribution_matched(scores, versions, quantile=0.5, reference_version=3)
-    assert res.cutoff == pytest.approx(0.2)
-    assert res.keep == [True, True, True, True, True, False, False]
-    with pytest.raises(ValueError):
-        select_distribution_matched(scores, versions, quantile=0.5, reference_version=9)
-
-
-# ------------------------------------------------------------------ ESS and alphas
 
 
 def test_effective_sample_size() -> None:
@@ -158,7 +116,7 @@ A0, A1 = 1.8 / 2.8, 1.0 / 2.8
 
 def test_multi_behaviour_value_and_hand_derived_gradient() -> None:
     logp = lp(*THETA).requires_grad_()
-    out, plan = multi_behaviour_loss(logp, PROX, BEHAV, ADV, MASK, VERS, LossConfig())
+    out, plan = darl_loss(logp, PROX, BEHAV, ADV, MASK, VERS, LossConfig())
     assert plan.ess == pytest.approx({0: 1.8, 1: 1.0})
     assert plan.alphas == pytest.approx({0: A0, 1: A1})
     assert plan.token_counts == {0: 2, 1: 1}
@@ -184,7 +142,7 @@ def test_uniform_and_balance_weighting_pool_every_token() -> None:
 
 def two_token_loss(versions: list[int], weighting: str):
     logp = lp(0.44, 0.21).requires_grad_()
-    out, plan = multi_behaviour_loss(
+    out, plan = darl_loss(
         logp,
         lp(0.4, 0.3),
         lp(0.5, 0.2),
@@ -224,15 +182,13 @@ def test_k1_no_selection_uniform_reduces_to_decoupled_ppo() -> None:
     mask = torch.rand(shape, generator=g) > 0.25
     versions = torch.full(shape, 7)
     scores = variance_scores(prox, behav, mask)
-    assert all(select_distribution_matched(scores, [7] * 4).keep)
+    assert selection_cutoff(scores.tolist(), None, None) == math.inf  # select=none keeps all
     cfg = LossConfig(eps_high=0.28, dual_clip=3.0)
     n = int(mask.sum())
     for weighting in ("uniform", "ess"):
         a = theta.clone().requires_grad_()
         b = theta.clone().requires_grad_()
-        darl, _ = multi_behaviour_loss(
-            a, prox, behav, adv, mask, versions, cfg, weighting=weighting
-        )
+        darl, _ = darl_loss(a, prox, behav, adv, mask, versions, cfg, weighting=weighting)
         ref = policy_loss(
             b, behav, adv, mask, cfg, loss_normalizer("token_mean", n, 4), prox_logprobs=prox
         )
@@ -263,7 +219,7 @@ def test_multi_behaviour_loss_over_micro_batches_sums_to_full_loss() -> None:
     cfg = LossConfig(is_level="token", is_cap=1.5)
     theta_full = cat(everything, "theta").requires_grad_()
     mask_full = torch.ones_like(theta_full, dtype=torch.bool)
-    full, plan = multi_behaviour_loss(
+    full, plan = darl_loss(
         theta_full,
         cat(everything, "prox"),
         cat(everything, "behav"),
@@ -279,7 +235,7 @@ def test_multi_behaviour_loss_over_micro_batches_sums_to_full_loss() -> None:
     total = torch.zeros((), dtype=F64)
     for group in pack_micro_batches(lengths, 7):
         logp = torch.cat([thetas[i] for i in group])
-        out, _ = multi_behaviour_loss(
+        out, _ = darl_loss(
             logp,
             cat(group, "prox"),
             cat(group, "behav"),
@@ -295,19 +251,6 @@ def test_multi_behaviour_loss_over_micro_batches_sums_to_full_loss() -> None:
     torch.testing.assert_close(
         torch.cat([t.grad for t in thetas]), theta_full.grad, atol=1e-12, rtol=0
     )
-
-
-def test_multi_behaviour_needs_decoupled() -> None:
-    with pytest.raises(ValueError):
-        multi_behaviour_loss(
-            lp(0.5),
-            lp(0.5),
-            lp(0.5),
-            torch.ones(1, dtype=F64),
-            torch.ones(1, dtype=torch.bool),
-            torch.zeros(1),
-            LossConfig(loss="ppo"),
-        )
 
 
 # ------------------------------------------------------------- balance heuristic
@@ -346,7 +289,7 @@ def test_balance_heuristic_categorical_log_space_and_zero_count() -> None:
 def test_balance_weights_plug_into_the_loss() -> None:
     # per-token override: every token carries its sequence's balance weight
     log_w = torch.tensor([0.0, 0.0, math.log(0.5)], dtype=F64)
-    out, _ = multi_behaviour_loss(
+    out, _ = darl_loss(
         lp(*THETA),
         PROX,
         BEHAV,
