@@ -19,6 +19,12 @@ version of each token), every generated token included (a matched stop string's 
 ``logprob`` is the behaviour logprob of ``token_ids[i]`` (temperature-scaled, like
 ``/generate``). A request aborted by a weight update ends with ``finish_reason: "abort"``.
 
+Text is tokenized off the event loop (one tokenizing thread per process, :data:`TOKENIZE`:
+fast tokenizers are not safe to call from several threads at once), after a cheap bound on
+its length (:func:`check_text_size`: more characters than the context's tokens can spell is
+a 400 before anything is tokenized), so a huge prompt never stalls ``/health`` or other
+requests (an 8 MB prompt held the loop for 69 s before).
+
 Imports: fastapi/starlette, the engine's plain types, relayrl.engine (openai_api, tool_calls).
 """
 
@@ -28,7 +34,9 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,16 +391,63 @@ def _job(engine, body: Any, prompt: list[int], index: int, chat: bool) -> Job:
     return Job(index, prompt, params, top)
 
 
+TOKENIZE = ThreadPoolExecutor(1, thread_name_prefix="relayrl-tokenize")
+FALLBACK_TOKEN_CHARS = 64  # a tokenizer without a readable vocabulary
+_token_chars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` spells (its longest vocabulary entry;
+    byte-level vocabularies write each byte as one character), so a text of more than
+    ``n * max_token_chars`` characters has more than ``n`` tokens. Computed once."""
+    try:
+        return _token_chars[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    vocab = getattr(tokenizer, "get_vocab", None)
+    longest = max(map(len, vocab()), default=1) if callable(vocab) else FALLBACK_TOKEN_CHARS
+    try:
+        _token_chars[tokenizer] = max(1, longest)
+    except TypeError:
+        pass
+    return max(1, longest)
+
+
+def _prompt_texts(body: Any, chat: bool) -> list[tuple[str, int]]:
+    """(field, characters) of each text prompt of ``body`` (a chat's messages count as one)."""
+    if chat:
+        return [("messages", sum(len(m.text()) for m in body.messages))]
+    items = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+    return [(f"prompt[{i}]", len(t)) for i, t in enumerate(items) if isinstance(t, str)]
+
+
+def check_text_size(engine, body: Any, chat: bool) -> None:
+    """:class:`OpenAIError` for a text prompt too long to fit the context whatever it
+    tokenizes to (more characters than ``max_seq_len`` tokens can spell), before it is
+    tokenized."""
+    limit = engine.max_seq_len * max_token_chars(engine.tokenizer)
+    for name, chars in _prompt_texts(body, chat):
+        if chars > limit:
+            raise OpenAIError(
+                f"{name}: {chars} characters cannot fit this server's context of "
+                f"{engine.max_seq_len} tokens (at most {limit} characters)",
+                name.split("[")[0],
+            )
+
+
 def make_endpoint(engine, data: Any, chat: bool) -> Endpoint:
-    """The validated request: its prompts and one job per choice; :class:`OpenAIError`."""
+    """The validated request: its prompts and one job per choice; :class:`OpenAIError`.
+    Tokenizes: call it off the event loop (:func:`endpoint_of`)."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise OpenAIError("this server has no tokenizer; use /generate with token ids")
     if chat:
         body = parse_body(ChatIn, data).checked()
+        check_text_size(engine, body, chat)
         prompts = [render_chat(tokenizer, body)]
     else:
         body = parse_body(CompletionIn, data).checked()
+        check_text_size(engine, body, chat)
         prompts = prompts_of(tokenizer, body)
     jobs = [
         _job(engine, body, prompt, p * body.n + i, chat)
@@ -418,9 +473,16 @@ async def _json(request: Request) -> Any:
         raise OpenAIError(f"body: malformed JSON ({exc})") from None
 
 
+async def endpoint_of(request: Request, engine, chat: bool) -> Endpoint:
+    """:func:`make_endpoint` of the request's body, in the tokenizing thread."""
+    data = await _json(request)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(TOKENIZE, make_endpoint, engine, data, chat)
+
+
 async def _answer(request: Request, engine, chat: bool):
     try:
-        ep = make_endpoint(engine, await _json(request), chat)
+        ep = await endpoint_of(request, engine, chat)
     except OpenAIError as exc:
         return _error(exc)
     if ep.body.stream:
