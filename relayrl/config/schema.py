@@ -18,6 +18,7 @@ from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
 from relayrl.rewards.dispatch import GRADERS
 from relayrl.rollout.eta import DEFAULT_ETA_BUDGET
 from relayrl.rollout.workflow import WORKFLOWS
+from relayrl.tasks.datasets import FieldMap
 from relayrl.tasks.registry import TASKS, make_task
 
 
@@ -132,7 +133,60 @@ class SFTConfig(Section):
     log_every: int = Field(50, gt=0)
 
 
-class EvalDataset(Section):
+class DataSource(Section):
+    """Rows of a dataset and how each becomes a problem (``rollout.dataset``, each entry of
+    ``eval.datasets``): which columns hold the id, the prompt and the gold answer, the
+    prompt template over the row's columns, and the grader by name."""
+
+    data: str = Field(
+        description="a known dataset name (gsm8k, math500, ...); a .jsonl/.parquet path; a "
+        "directory datasets' save_to_disk wrote; or hub:<name>"
+    )
+    id_field: str | None = Field(
+        None,
+        description="column of the row's id (default: id when the rows have one, else "
+        "the row's number)",
+    )
+    prompt_field: str | None = Field(
+        None, description="column of the prompt text, {problem} in the template (default prompt)"
+    )
+    answer_field: str | None = Field(None, description="column of the gold answer (default answer)")
+    template: str | None = Field(
+        None,
+        description="the prompt, with {column} replaced by the row's column and {problem} by "
+        "the prompt column (e.g. 'Question: {question}\\nOptions: {choices}'); other braces "
+        "stay as written; default: the prompt column as is (a known dataset: its own)",
+    )
+    grader: str | None = Field(
+        None,
+        description="grader by name: math | exact | code | countdown | a plugin's (default: "
+        "recognised from the rows); graders see the whole row as problem.row",
+    )
+
+    @field_validator("grader")
+    @classmethod
+    def _registered(cls, grader: str | None) -> str | None:
+        if grader is not None:
+            GRADERS.lookup(grader)
+        return grader
+
+    def field_map(self) -> FieldMap | None:
+        """The columns as a :class:`FieldMap`; None when none is set (the dataset's own)."""
+        if self.id_field is None and self.prompt_field is None and self.answer_field is None:
+            return None
+        return FieldMap(
+            self.id_field or "id",
+            self.prompt_field or "prompt",
+            self.answer_field or "answer",
+            id_if_present=self.id_field is None,
+        )
+
+    def formats_rows(self) -> bool:
+        """Whether any column, template or grader setting is given."""
+        return self.field_map() is not None or self.template is not None or bool(self.grader)
+
+
+class EvalDataset(DataSource):
     """One held-out set of ``eval.datasets``: its problems keep their own grader."""
 
     data: str = Field(
@@ -145,17 +199,16 @@ class EvalDataset(Section):
         description="label in metrics (eval_pass@1/<name>); default: the task's name (data: "
         "task), the dataset's name or the file's stem",
     )
-    grader: str | None = Field(
-        None, description="grader of a file's rows (default: recognised from the rows)"
-    )
     limit: int | None = Field(None, gt=0, description="first N problems (default: all)")
 
-    @field_validator("grader")
-    @classmethod
-    def _registered(cls, grader: str | None) -> str | None:
-        if grader is not None:
-            GRADERS.lookup(grader)
-        return grader
+    @model_validator(mode="after")
+    def _task_has_no_columns(self) -> EvalDataset:
+        if self.data == "task" and self.formats_rows():
+            raise ValueError(
+                "data: task is the synthetic task's test split: it takes no id_field, "
+                "prompt_field, answer_field, template or grader"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -175,10 +228,13 @@ class EvalConfig(Section):
     )
     datasets: list[EvalDataset] = Field(
         default_factory=list,
-        description="held-out sets evaluated together, each with its own grader; metrics "
+        description="held-out sets evaluated together, each {data, name, limit} and, like "
+        "rollout.dataset, id_field, prompt_field, answer_field, template and grader; metrics "
         "per set as eval_pass@1/<name> (and pass@k, maj@k) beside the pooled eval_pass@1. "
         "Empty: the test split of rollout.dataset (gsm8k_train -> gsm8k, math_train -> "
-        "math500, hub:<name> -> its test split) when it has one, else the task's",
+        "math500, hub:<name> or a saved DatasetDict -> its test split, read with its columns, "
+        "template and grader); a rollout.dataset without one is an error; no rollout.dataset: "
+        "the task's",
     )
 
 
@@ -298,11 +354,13 @@ class RolloutConfig(Section):
         description="process: `relayrl serve` children (the real path); thread: in-process "
         "servers (tests, debugging)",
     )
-    dataset: str | None = Field(
+    dataset: DataSource | None = Field(
         None,
-        description="train prompts from a dataset (known name, .jsonl/.parquet path, a "
-        "directory datasets' save_to_disk wrote (its train split) or hub:<name>) instead of "
-        "the synthetic task's train split",
+        description="train prompts from a dataset instead of the synthetic task's train "
+        "split: a known name, .jsonl/.parquet path, a directory datasets' save_to_disk wrote "
+        "(its train split) or hub:<name>; or a mapping {data, id_field, prompt_field, "
+        "answer_field, template, grader} naming its columns, prompt template and grader "
+        "(docs/your-own.md)",
     )
     reward_workers: int = Field(1, gt=0, description="grading processes")
     reward_timeout_s: float = Field(10.0, gt=0, description="per-sample grading timeout")
@@ -344,6 +402,12 @@ class RolloutConfig(Section):
         "seed and v (uniform), clipped to v at the first steps; keeps the last η + 1 weight "
         "snapshots in memory; no rollout servers, no checkpoints",
     )
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset_path_or_mapping(cls, dataset: object) -> object:
+        """``rollout.dataset=FILE`` is ``{data: FILE}``."""
+        return {"data": dataset} if isinstance(dataset, str) else dataset
 
     @field_validator("eta", mode="before")
     @classmethod

@@ -2,11 +2,16 @@
 
 Owns the grader seam: :data:`GRADERS` maps the name a :class:`~relayrl.tasks.base.Problem`
 carries in ``grader`` to a function ``(problem, completion) -> (reward, info)``;
-:func:`register_grader` adds one (docs/extending.md). Built in:
+:func:`register_grader` adds one (docs/extending.md). A problem made from a dataset row
+carries the whole row as ``problem.row``, so a grader can read its other columns with the
+same signature. Built in:
 
 * ``math``: problems with extraction settings in ``meta['math']`` (benchmarks) go through
   :func:`relayrl.rewards.math.grade_math_answer`; without them (the synthetic arithmetic
   task) through the strict ``#### N`` rule :func:`relayrl.rewards.math.grade_math`;
+* ``exact``: the final answer read by the same extraction rules as ``math`` (``meta['math']``,
+  default ``boxed, answer_is, hash``) must equal the gold text after whitespace removal: no
+  number or symbolic equivalence (multiple-choice letters, names, strings);
 * ``countdown``: the Countdown verifier;
 * ``code``: the sandboxed code grader (``meta``: ``prompt``, ``test``, ``entry_point``);
 * ``reasoning_gym``: the answer in the last ``<answer>…</answer>`` (reasoning-gym's own
@@ -61,6 +66,15 @@ def _grade_math(problem: Problem, completion: str) -> tuple[float, dict[str, Any
         return float(grade_math(completion, problem.answer)), {"method": "hash"}
     verdict = grade_math_answer(completion, problem.answer, MathGradeConfig.from_meta(problem.meta))
     return float(verdict.correct), {"extracted": verdict.extracted, "method": verdict.method}
+
+
+@register_grader("exact")
+def _grade_exact(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
+    found = extract_answer(completion, MathGradeConfig.from_meta(problem.meta).all_modes())
+    if found is None:
+        return 0.0, {"extracted": None, "method": "no_answer"}
+    same = "".join(found.text.split()) == "".join(problem.answer.split())
+    return float(same), {"extracted": found.text, "method": "exact"}
 
 
 @register_grader("countdown")

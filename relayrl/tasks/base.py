@@ -17,8 +17,9 @@ SPLITS = ("train", "test")
 class Problem:
     """One verifiable problem.
 
-    ``grader`` names the verifier in :mod:`relayrl.rewards` ("math", "countdown", "code");
-    ``answer`` is the gold answer as text; ``meta`` holds what the grader needs beyond it.
+    ``grader`` names the verifier in :mod:`relayrl.rewards` ("math", "exact", "countdown",
+    "code"); ``answer`` is the gold answer as text; ``meta`` holds what the grader needs
+    beyond it; :attr:`row` is the dataset row the problem was made from (every column).
     """
 
     id: str
@@ -26,6 +27,12 @@ class Problem:
     answer: str
     grader: str
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """The whole dataset row (``meta['row']``) for graders that need its other columns;
+        empty for a synthetic task's problems."""
+        return self.meta.get("row") or {}
 
 
 def stable_bucket(key: str, buckets: int = 1000) -> int:

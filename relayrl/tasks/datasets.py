@@ -15,7 +15,10 @@ Sources, in the order :func:`load_problems` tries them:
 Each known dataset has a prompt template (GSM8K asks for a final ``#### N`` line, MATH and
 AIME for ``\\boxed{}``, HumanEval for the completed function) and math extraction settings
 stored in ``Problem.meta['math']``; the chat template is applied later by
-``relayrl.models.loading.encode_prompt``. Errors name the file, the line and what was expected.
+``relayrl.models.loading.encode_prompt``. A template names the row's columns as ``{column}``
+(``{problem}``: the prompt field's text): :func:`render_template`. Every problem keeps its
+whole row in ``meta['row']`` (``Problem.row``), so a grader can read the other columns.
+Errors name the file, the line, the config key when one is given and what was expected.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +51,13 @@ PLAIN_TEMPLATE = "{problem}"
 
 @dataclass(frozen=True)
 class FieldMap:
-    """Which row fields hold the id, the prompt and the gold answer (``id=None``: line ids)."""
+    """Which row fields hold the id, the prompt and the gold answer (``id=None``: line ids;
+    ``id_if_present``: the id column may be absent from every row, then line ids too)."""
 
     id: str | None = "id"
     prompt: str = "prompt"
     answer: str = "answer"
+    id_if_present: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,13 +167,61 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     yield from enumerate(pq.read_table(path).to_pylist(), 1)
 
 
-def _text_field(row: dict[str, Any], name: str, where: str) -> str:
+ROLE_KEYS = {"id": "id_field", "prompt": "prompt_field", "answer": "answer_field"}
+
+
+def _missing_column(row: dict[str, Any], name: str, where: str, key: str | None, role: str) -> str:
+    """The error for a row without column ``name``; ``key`` (a config key such as
+    ``rollout.dataset``) names the setting that chose it."""
+    if key is None:
+        return f"{where}: row missing field {name!r} (fields present: {sorted(row)})"
+    return f"{where}: {key}.{role}={name!r}: no such column; the row's columns: {sorted(row)}"
+
+
+def _text_field(
+    row: dict[str, Any], name: str, where: str, key: str | None = None, role: str = ""
+) -> str:
     if name not in row or row[name] is None:
-        raise RelayError(f"{where}: row missing field {name!r} (fields present: {sorted(row)})")
+        raise RelayError(_missing_column(row, name, where, key, role or name))
     value = row[name]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise RelayError(f"{where}: field {name!r} should be text, got {type(value).__name__}")
     return str(value)
+
+
+COLUMN_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PROBLEM_REF = "problem"  # {problem} in a template: the prompt field's text
+
+
+def template_columns(template: str) -> list[str]:
+    """The names a template refers to as ``{name}`` (other braces are plain text)."""
+    return COLUMN_REF.findall(template)
+
+
+def _cell_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def render_template(
+    template: str, row: dict[str, Any], raw: str, where: str, key: str | None = None
+) -> str:
+    """``template`` with ``{problem}`` replaced by ``raw`` and every other ``{column}`` by the
+    row's value (text as is, anything else as JSON); in one pass, so a value is never
+    substituted into. A name the row lacks is an error naming it and the row's columns."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == PROBLEM_REF:
+            return raw
+        if name not in row:
+            setting = f"{key}.template" if key else "template"
+            raise RelayError(
+                f"{where}: {setting} names column {{{name}}}, which the row lacks; "
+                f"the row's columns: {sorted(row)} ({{problem}} is the prompt field's text)"
+            )
+        return _cell_text(row[name])
+
+    return COLUMN_REF.sub(value, template)
 
 
 def rows_to_problems(
@@ -180,28 +234,42 @@ def rows_to_problems(
     math: dict[str, Any] | None = None,
     meta_fields: Iterable[str] = (),
     dataset: str = "",
+    key: str | None = None,
 ) -> list[Problem]:
-    """Problems from (line number, row) pairs; errors say ``source:line``."""
+    """Problems from (line number, row) pairs; errors say ``source:line`` (and ``key``, the
+    config key of the dataset, when given). The prompt field is needed only when the
+    template uses ``{problem}``."""
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     meta_fields = tuple(meta_fields)
+    needs_prompt = PROBLEM_REF in template_columns(template)
     for lineno, row in rows:
         where = f"{source}:{lineno}"
-        pid = _text_field(row, fields.id, where) if fields.id else f"{dataset or 'row'}-{lineno}"
+        pid = _row_id(row, fields, where, key, f"{dataset or 'row'}-{lineno}")
         if pid in seen:
             raise RelayError(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})")
         seen[pid] = lineno
-        raw = _text_field(row, fields.prompt, where)
-        answer = _text_field(row, fields.answer, where)
-        meta: dict[str, Any] = {"dataset": dataset, "raw_prompt": raw}
-        for key in meta_fields:
-            if key not in row:
-                raise RelayError(f"{where}: row missing field {key!r} needed by grader {grader!r}")
-            meta[key] = row[key]
+        raw = _text_field(row, fields.prompt, where, key, "prompt_field") if needs_prompt else ""
+        answer = _text_field(row, fields.answer, where, key, "answer_field")
+        prompt = render_template(template, row, raw, where, key)
+        meta: dict[str, Any] = {"dataset": dataset, "raw_prompt": raw or prompt, "row": row}
+        for name in meta_fields:
+            if name not in row:
+                raise RelayError(f"{where}: row missing field {name!r} needed by grader {grader!r}")
+            meta[name] = row[name]
         if math:
             meta["math"] = dict(math)
-        problems.append(Problem(pid, template.replace("{problem}", raw), answer, grader, meta))
+        problems.append(Problem(pid, prompt, answer, grader, meta))
     return problems
+
+
+def _row_id(
+    row: dict[str, Any], fields: FieldMap, where: str, key: str | None, line_id: str
+) -> str:
+    """The row's id: its id column, else (``fields.id`` None) ``line_id``."""
+    if fields.id is None:
+        return line_id
+    return _text_field(row, fields.id, where, key, "id_field")
 
 
 def load_problems(
@@ -214,15 +282,18 @@ def load_problems(
     math: dict[str, Any] | None = None,
     split: str = "test",
     limit: int | None = None,
+    key: str | None = None,
 ) -> list[Problem]:
     """Problems from a known dataset name, a local file, or ``hub:<name>``.
 
-    ``template`` overrides the prompt template (``{problem}`` is replaced by the raw text);
-    ``fields`` names the id/prompt/answer fields of user files (default ``id``, ``prompt``,
-    ``answer``); ``math`` overrides extraction settings (see ``MathGradeConfig``);
-    ``limit`` keeps the first N problems.
+    ``template`` overrides the prompt template (``{problem}``: the prompt field's text,
+    ``{column}``: the row's column, :func:`render_template`); ``fields`` names the
+    id/prompt/answer fields of user files (default :data:`USER_FIELDS`: ``id`` when the rows
+    have it, ``prompt``, ``answer``); ``math`` overrides extraction settings (see
+    ``MathGradeConfig``); ``limit`` keeps the first N problems; ``key``, the config key
+    that named the dataset, goes into the errors about its columns.
     """
-    user = RowFormat(fields or FieldMap(), template, grader, math)  # a user file's rows
+    user = RowFormat(fields or USER_FIELDS, template, grader, math, key)  # a user file's rows
     if source.startswith("hub:"):
         problems = _load_hub(source[4:], split, user)
     elif source in DATASETS:
@@ -243,6 +314,7 @@ def load_problems(
             math=spec.math if math is None else math,
             meta_fields=spec.meta_fields,
             dataset=source,
+            key=key,
         )
     elif Path(source).is_dir():
         problems = _load_saved(Path(source), split, user)
@@ -262,7 +334,9 @@ GRADER_SCHEMAS: tuple[tuple[str, tuple[str, ...]], ...] = (
 META_FIELDS = {"code": ("prompt", "test", "entry_point"), "countdown": ("numbers", "target")}
 
 
-def detect_grader(row: dict[str, Any], fields: FieldMap, source: str) -> str:
+def detect_grader(
+    row: dict[str, Any], fields: FieldMap, source: str, key: str | None = None
+) -> str:
     """The grader a user file's rows call for, from the fields of its first row: a
     recognised schema (:data:`GRADER_SCHEMAS`), else ``math`` when the row has the answer
     field. Anything else is an error asking for an explicit grader: a file is never graded
@@ -270,51 +344,69 @@ def detect_grader(row: dict[str, Any], fields: FieldMap, source: str) -> str:
     for grader, required in GRADER_SCHEMAS:
         if all(key in row for key in required):
             return grader
-    if fields.answer in row:
-        return "math"
-    raise RelayError(
-        f"{source}: cannot tell which grader its rows need (fields {sorted(row)}); name one "
-        f"(--grader math|code|countdown) or the answer field (--answer-field)"
+    if fields.answer in row or fields.answer != FieldMap.answer:
+        return "math"  # a named answer column the row lacks: the error names it
+    grader, answer = (
+        (f"{key}.grader", f"{key}.answer_field") if key else ("--grader", "--answer-field")
     )
-
-
-def _user_rows(
-    rows: Iterable[tuple[int, dict[str, Any]]], source: str, fields: FieldMap, grader: str | None
-) -> tuple[list[tuple[int, dict[str, Any]]], str]:
-    """The rows of a user file and its grader (``grader`` if given, else detected)."""
-    rows = list(rows)
-    if grader is None:
-        if not rows:
-            raise RelayError(f"{source} has no rows")
-        grader = detect_grader(rows[0][1], fields, f"{source}:{rows[0][0]}")
-    return rows, grader
+    raise RelayError(
+        f"{source}: cannot tell which grader its rows need (no column {fields.answer!r}; "
+        f"columns {sorted(row)}); name one ({grader}: math|exact|code|countdown|a plugin's) "
+        f"or the answer column ({answer})"
+    )
 
 
 @dataclass(frozen=True)
 class RowFormat:
     """How a user's rows become problems: the field names, the prompt template and the
-    grader (None: detected from the rows) and math settings (None: the grader's default)."""
+    grader (None: detected from the rows), math settings (None: the grader's default) and
+    the config key that named the rows (for errors; None: not from a config)."""
 
     fields: FieldMap
     template: str | None = None
     grader: str | None = None
     math: dict[str, Any] | None = None
+    key: str | None = None
+
+
+USER_FIELDS = FieldMap(id_if_present=True)
+# graders that read the final answer with the math extraction rules (boxed first)
+EXTRACTING_GRADERS = ("math", "exact")
+
+
+def _user_rows(
+    rows: Iterable[tuple[int, dict[str, Any]]], source: str, fmt: RowFormat
+) -> tuple[list[tuple[int, dict[str, Any]]], str, FieldMap]:
+    """The rows of a user file, its grader (``fmt.grader`` if given, else detected) and its
+    fields (an optional id column the first row lacks: line ids)."""
+    rows = list(rows)
+    grader, fields = fmt.grader, fmt.fields
+    if grader is None:
+        if not rows:
+            raise RelayError(f"{source} has no rows")
+        grader = detect_grader(rows[0][1], fields, f"{source}:{rows[0][0]}", fmt.key)
+    if fields.id_if_present and rows and fields.id not in rows[0][1]:
+        fields = FieldMap(None, fields.prompt, fields.answer)
+    return rows, grader, fields
 
 
 def _load_user_rows(
     rows: Iterable[tuple[int, dict[str, Any]]], source: str, dataset: str, fmt: RowFormat
 ) -> list[Problem]:
-    rows, grader = _user_rows(rows, source, fmt.fields, fmt.grader)
-    math = fmt.math if fmt.math is not None else (_BOXED_FIRST if grader == "math" else None)
+    rows, grader, fields = _user_rows(rows, source, fmt)
+    math = fmt.math
+    if math is None and grader in EXTRACTING_GRADERS:
+        math = _BOXED_FIRST
     return rows_to_problems(
         rows,
         source,
-        fields=fmt.fields,
+        fields=fields,
         template=fmt.template or PLAIN_TEMPLATE,
         grader=grader,
         math=math,
         meta_fields=META_FIELDS.get(grader, ()),
         dataset=dataset,
+        key=fmt.key,
     )
 
 
@@ -336,6 +428,17 @@ def _datasets_package(what: str) -> Any:
 
 def _table_rows(table: Any) -> Iterator[tuple[int, dict[str, Any]]]:
     return ((i, dict(row)) for i, row in enumerate(table, 1))
+
+
+def saved_splits(path: str | Path) -> list[str] | None:
+    """The splits of a directory ``DatasetDict.save_to_disk`` wrote (its
+    ``dataset_dict.json``), without importing ``datasets``; None for anything else."""
+    index = Path(path) / "dataset_dict.json"
+    try:
+        splits = json.loads(index.read_text(encoding="utf-8")).get("splits")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(s) for s in splits] if isinstance(splits, list) else None
 
 
 def _load_saved(path: Path, split: str, fmt: RowFormat) -> list[Problem]:

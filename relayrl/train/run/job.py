@@ -21,6 +21,7 @@ import shutil
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.eval.sets import default_datasets
 from relayrl.launch.backends import make_backend
 from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.rewards.pool import Grader, GradingPool
@@ -68,6 +69,7 @@ def run_train(
     checkpoint = begin_run(run_dir, config, resume)
     if config.rollout.dataset:  # fail on a bad dataset before starting any process
         train_problems(config, None)
+        default_datasets(config)  # and on one without a held-out set
     check_loggers(config)  # and on a logger whose package is missing
     check_trainer_ranks(config)  # and on a world size this machine cannot run
     backend = make_backend(config, model_dir)

@@ -26,7 +26,7 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.eval.evaluate import EvalReport
-from relayrl.eval.sets import eval_problems
+from relayrl.eval.sets import eval_problems, load_source
 from relayrl.metric_names import EVAL_PASS_AT_1
 from relayrl.tasks.base import Problem, SyntheticTask
 from relayrl.train.distributed import TrainerGroup, make_trainer
@@ -50,9 +50,7 @@ class TrainResult:
 def train_problems(config: RunConfig, task: SyntheticTask | None) -> list[Problem]:
     """The train prompts: ``rollout.dataset`` if set, else the task's train split."""
     if config.rollout.dataset:
-        from relayrl.tasks.datasets import load_problems
-
-        return load_problems(config.rollout.dataset, split="train")
+        return load_source(config.rollout.dataset, "rollout.dataset", "train")
     assert task is not None, "no rollout.dataset: the task's train split is needed"
     return task.problems("train", config.task.train_size, config.task.seed)
 
