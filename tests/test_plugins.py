@@ -55,7 +55,7 @@ USER_MODULE = textwrap.dedent(
             return f"#### {flip[problem.answer] if wrong else problem.answer}"
 
 
-    @register_grader("word")
+    @register_grader("word", safe=True)
     def grade_word(problem: Problem, completion: str) -> tuple[float, dict]:
         said = completion.rsplit("####", 1)[-1].strip()
         return float(said == problem.answer), {"extracted": said}
@@ -133,7 +133,7 @@ def test_a_task_whose_grader_nobody_registered_fails_at_load(tmp_path, clean_env
     module.write_text(
         USER_MODULE.replace('name: str = "parity"', 'name: str = "parity_ng"')
         .replace('grader="word"', 'grader="never_registered"')
-        .replace('@register_grader("word")', "")
+        .replace('@register_grader("word", safe=True)', "")
         .replace("@register_loss", "")
     )
     with pytest.raises(RelayError, match="grades with 'never_registered', which no module"):

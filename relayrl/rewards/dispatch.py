@@ -53,14 +53,25 @@ class UnknownGraderError(RelayError):
 
 GraderFn = Callable[[Problem, str], tuple[float, dict[str, Any]]]
 GRADERS: Registry[GraderFn] = Registry("grader")
+# graders registered safe (they never evaluate model text: run in-process), name -> function
+SAFE_GRADERS: dict[str, GraderFn] = {}
 
 
-def register_grader(name: str) -> Callable[[GraderFn], GraderFn]:
-    """Decorator: problems whose ``grader`` is ``name`` are graded by the function."""
-    return lambda fn: GRADERS.add(name, fn)
+def register_grader(name: str, safe: bool = False) -> Callable[[GraderFn], GraderFn]:
+    """Decorator: problems whose ``grader`` is ``name`` are graded by the function, in the
+    sandbox unless ``safe`` (the grader promises it never evaluates the completion: no
+    ``eval``, ``exec``, ``sympy.parse_expr`` or other code path that runs what it reads)."""
+
+    def add(fn: GraderFn) -> GraderFn:
+        GRADERS.add(name, fn)
+        if safe:
+            SAFE_GRADERS[name] = fn
+        return fn
+
+    return add
 
 
-@register_grader("math")
+@register_grader("math", safe=True)
 def _grade_math(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     if "math" not in problem.meta:
         return float(grade_math(completion, problem.answer)), {"method": "hash"}
@@ -68,7 +79,7 @@ def _grade_math(problem: Problem, completion: str) -> tuple[float, dict[str, Any
     return float(verdict.correct), {"extracted": verdict.extracted, "method": verdict.method}
 
 
-@register_grader("exact")
+@register_grader("exact", safe=True)
 def _grade_exact(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     found = extract_answer(completion, MathGradeConfig.from_meta(problem.meta).all_modes())
     if found is None:
@@ -77,13 +88,13 @@ def _grade_exact(problem: Problem, completion: str) -> tuple[float, dict[str, An
     return float(same), {"extracted": found.text, "method": "exact"}
 
 
-@register_grader("countdown")
+@register_grader("countdown", safe=True)
 def _grade_countdown(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     meta = problem.meta
     return float(verify_countdown(completion, meta["numbers"], meta["target"])), {}
 
 
-@register_grader("code")
+@register_grader("code", safe=True)
 def _grade_code(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     from relayrl.rewards.code import grade_code_problem  # sandbox machinery, loaded on use
 
@@ -107,6 +118,17 @@ def _grade_reasoning_gym(problem: Problem, completion: str) -> tuple[float, dict
     return float(rg_score >= 1.0), {"extracted": answer, "rg_score": rg_score}
 
 
+def _warm_reasoning_gym(problem: Problem) -> None:
+    """Open the problem's dataset (imports, generators) before any answer is read: the
+    isolated grader's scoring children then share it (relayrl.rewards.isolated)."""
+    from relayrl.tasks.reasoning_gym import dataset_of
+
+    dataset_of(problem)
+
+
+_grade_reasoning_gym.warm = _warm_reasoning_gym  # type: ignore[attr-defined]
+
+
 def grade_detail(problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
     """The reward (1.0 or 0.0) and what the grader saw (extracted answer, method, status)."""
     grader = GRADERS.get(problem.grader)
@@ -117,7 +139,11 @@ def grade_detail(problem: Problem, completion: str) -> tuple[float, dict[str, An
             "relayrl must be in a plugin (plugins: [...] in the config or --plugin), which "
             "every process imports, not in a script's `if __name__ == '__main__'` block"
         )
-    return grader(problem, completion)
+    if SAFE_GRADERS.get(problem.grader) is grader:
+        return grader(problem, completion)
+    from relayrl.rewards.isolated import grade_isolated  # the sandbox, on use
+
+    return grade_isolated(problem.grader, problem, completion)
 
 
 def score(problem: Problem, completion: str) -> float:

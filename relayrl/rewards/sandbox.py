@@ -290,6 +290,18 @@ def _bwrap_mounts(mounts: tuple[tuple[str, str, str], ...]) -> list[str]:
     return args
 
 
+def _extra_mounts(paths: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """Read-only binds of ``paths`` (resolved) at the same place: directories whole, files
+    alone."""
+    mounts = []
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if os.path.isdir(path):
+            mounts.append(("bind", path, path))
+        elif os.path.isfile(path):
+            mounts.append(("file", path, path))
+    return tuple(mounts)
+
+
 def _free_uid() -> int:
     """A sandbox uid no live process has and no registered run holds (root only)."""
     in_use = {uid for _, uid, _ in _live_processes()}
@@ -329,11 +341,14 @@ def start_sandbox(
     limits: SandboxLimits | None = None,
     pass_fds: tuple[int, ...] = (),
     env: dict[str, str] | None = None,
+    binds: tuple[str, ...] = (),
 ) -> SandboxProcess:
     """Start ``argv`` in a fresh sandbox whose working directory holds ``files``.
 
     ``argv[0]`` must be an absolute path; relative file arguments resolve in the working
     directory. ``pass_fds`` are inherited (e.g. pipes for a protocol with the parent).
+    ``binds``: more host directories or files shown read-only at the same path (the
+    packages an isolated grader imports, :mod:`relayrl.rewards.isolated`).
     """
     limits = limits or SandboxLimits()
     base = Path(tempfile.mkdtemp(prefix="relayrl-sbx-"))
@@ -354,7 +369,7 @@ def start_sandbox(
         "process_memory_bytes": _process_memory_bytes(limits),
         "workdir": str(work),
         "root": str(root),
-        "mounts": _system_mounts(argv[0]),
+        "mounts": (*_system_mounts(argv[0]), *_extra_mounts(binds)),
         "uid": uid,
         "allow_unisolated": allow_unisolated(),
         "argv": argv,
