@@ -2,8 +2,9 @@
 completions, and the batch's advantages get the per-token reverse-KL reward.
 
 Owns: :class:`TeacherScorer` (one ``/generate`` scoring request per group to the teacher,
-``relayrl.engine.client.RolloutClient.input_logprobs``) and :func:`apply_distillation` (the
-batch's per-token advantages, ``relayrl.algo.advantages.distill_token_advantages``). The
+``relayrl.engine.client.RolloutClient.input_logprobs``), :func:`apply_distillation` (the
+batch's per-token advantages, ``relayrl.algo.advantages.distill_token_advantages``) and
+:func:`teacher_kl_metrics` (the batch's KL from the student to the teacher). The
 teacher is fixed, so its logprobs are fetched once, when a group completes, concurrently
 with the rest of the rollout; only the student is stale (η > 0 needs nothing else).
 
@@ -12,6 +13,7 @@ Imports: relayrl.algo.advantages, relayrl.engine.client, the Trajectory record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from relayrl.algo.advantages import distill_token_advantages
@@ -57,3 +59,33 @@ def apply_distillation(
             base, traj.behav_logprobs, traj.teacher_logprobs, traj.model_mask, coef, task_weight
         )
         traj.advantage = sum(traj.token_advantages) / max(traj.num_model_tokens, 1)
+
+
+TEACHER_KL = "distill_teacher_kl"  # mean over model tokens of log μ − log π_T (k1)
+TEACHER_KL_K3 = "distill_teacher_kl_k3"  # mean of e^r − 1 − r, r = log π_T − log μ (k3)
+
+
+def teacher_kl_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """How far the student's samples are from the teacher: two estimates of the reverse KL
+    KL(μ ‖ π_T) over every model token of the samples the teacher scored (μ: the policy that
+    sampled the token, π_T: the teacher, same temperature), with ``r = log π_T − log μ`` the
+    per-token distillation reward. ``distill_teacher_kl`` = mean of ``−r`` (k1: unbiased,
+    can be negative on a batch), ``distill_teacher_kl_k3`` = mean of ``e^r − 1 − r`` (k3:
+    unbiased and never negative). Falling values mean the student moves towards the
+    teacher. Empty when no sample carries teacher logprobs (distillation off)."""
+    rewards = [
+        t - s
+        for traj in trajs
+        if traj.teacher_logprobs
+        for s, t, on in zip(
+            traj.behav_logprobs, traj.teacher_logprobs, traj.model_mask, strict=True
+        )
+        if on
+    ]
+    if not rewards:
+        return {}
+    n = len(rewards)
+    return {
+        TEACHER_KL: -sum(rewards) / n,
+        TEACHER_KL_K3: sum(math.exp(r) - 1.0 - r for r in rewards) / n,
+    }

@@ -26,6 +26,7 @@ from relayrl.metric_names import (
     STALENESS_MEAN,
     STEP,
 )
+from relayrl.rollout.distill import teacher_kl_metrics
 from relayrl.rollout.environment import episode_means
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.train.loggers import MetricSink, open_sinks, scalars
@@ -45,6 +46,7 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
         "interrupted_frac": sum(len(set(t.versions)) > 1 for t in trajs) / n,
         **episode_metrics(trajs),
+        **teacher_kl_metrics(trajs),  # on-policy distillation only
     }
 
 

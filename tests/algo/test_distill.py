@@ -7,7 +7,7 @@ import math
 import pytest
 
 from relayrl.algo.advantages import distill_token_advantages
-from relayrl.rollout.distill import apply_distillation
+from relayrl.rollout.distill import TEACHER_KL, TEACHER_KL_K3, apply_distillation
 from relayrl.rollout.trajectory import ORIGIN_ENV, ORIGIN_MODEL, Trajectory
 
 
@@ -40,3 +40,23 @@ def test_apply_distillation_uses_per_token_task_advantages_when_present() -> Non
     plain.teacher_logprobs = [-3.0]
     apply_distillation([[plain]], 1.0, 0.5)
     assert plain.token_advantages == pytest.approx([-0.5 - 2.0])
+
+
+def test_the_teacher_kl_metric_by_hand() -> None:
+    """Reverse KL(μ ‖ π_T) over the batch's model tokens, k1 and k3, against hand values;
+    environment tokens and samples without teacher logprobs do not count."""
+    from relayrl.train.metrics import batch_metrics
+
+    a = Trajectory("p", "g", 0, [1], [5, 6], [-1.0, -2.0], [0, 0], 0)
+    a.teacher_logprobs = [-1.5, -1.0]  # r = log π_T − log μ = −0.5, +1.0
+    origins = [ORIGIN_MODEL, ORIGIN_ENV]
+    b = Trajectory("p", "g", 1, [1], [5, 6], [-0.5, 0.0], [0, 0], 0, origins=origins)
+    b.teacher_logprobs = [-0.7, -3.0]  # r = −0.2; the environment token is not counted
+    got = batch_metrics([a, b])
+    assert got[TEACHER_KL] == pytest.approx((0.5 - 1.0 + 0.2) / 3)  # mean of −r: −0.1
+    # k3 = mean of e^r − 1 − r: (0.1065307 + 0.7182818 + 0.0187308) / 3
+    assert got[TEACHER_KL_K3] == pytest.approx(0.2811811, abs=1e-7)
+    assert got[TEACHER_KL_K3] >= 0
+    plain = Trajectory("p", "g", 2, [1], [5], [-1.0], [0], 0)
+    assert TEACHER_KL not in batch_metrics([plain])  # distillation off: no key
+    assert batch_metrics([a, b, plain])[TEACHER_KL] == pytest.approx(-0.1)

@@ -53,7 +53,15 @@ def test_distillation_trains_from_a_teacher_server(tmp_path, tiny_model_dir, tea
     assert len(steps) == 3 and all(r["grad_norm"] > 0 for r in steps)
     assert max(r["staleness_max"] for r in steps) == 2
     teacher = load_model(teacher_dir)
-    for step in load_recorded_steps(run):
+    recorded = list(load_recorded_steps(run))
+    for row, step in zip(steps, recorded, strict=True):  # the logged teacher KL, by hand
+        r = [
+            tl - b
+            for t in step.trajectories
+            for b, tl in zip(t.behav_logprobs, t.teacher_logprobs, strict=True)
+        ]
+        assert row["distill_teacher_kl"] == pytest.approx(-sum(r) / len(r), abs=1e-6)
+    for step in recorded:
         groups: dict[str, list] = {}
         for t in step.trajectories:
             groups.setdefault(t.group_id, []).append(t)
