@@ -20,6 +20,8 @@ FINAL = "final"  # true on the final evaluation's row, after the last step
 # ------------------------------------------------------------------ the batch (train/metrics.py)
 REWARD_MEAN = "reward_mean"
 PASS_RATE = "pass_rate"
+# samples that finished (not truncated at the token budget) with a passing reward, / batch
+COMPLETED_CORRECT = "completed_correct_frac"
 
 # ------------------------------------------------------------------ the step (train/trainer.py)
 STALENESS_MIN = "staleness_min"
@@ -35,6 +37,11 @@ ENGINE_TRAINER_KL = "engine_trainer_kl_k3"  # KL(μ ‖ π_prox) at staleness 0
 BEHAV_KL = "behav_kl_k3"  # KL(μ ‖ π_θ) of the loss's tokens (relayrl.algo.losses)
 DRIFT_KL = "drift_kl_k3"  # KL(π_v ‖ π_v+1) on the batch's tokens (train.drift_metrics)
 BEHAV_PROX_KL = "behav_prox_kl_k3"  # KL(μ ‖ π_v) on the batch's tokens (train.drift_metrics)
+# the mismatch doctor (relayrl.algo.losses.mismatch_by_staleness): KL(μ ‖ π_v) of the batch's
+# model tokens of staleness s, one column per level present: MISMATCH_KL + "0" is the fresh
+# tokens' engine-vs-trainer mismatch, "1".."η" the drift of tokens s versions old
+MISMATCH_KL = "mismatch_kl_k3_s"
+MISMATCH_TOKENS = "mismatch_tokens_s"  # + s: how many tokens each level averages
 STALE_KL_PER_VERSION = "stale_kl_per_version"  # Σ KL(μ ‖ π_v) / Σ staleness, stale tokens
 CLIP_FRAC = "clip_frac"  # fraction of the loss's tokens whose ratio was clipped
 

@@ -39,6 +39,8 @@ from relayrl.metric_names import (
     DRIFT_KL,
     ENGINE_TRAINER_KL,
     IS_WEIGHT_MEAN,
+    MISMATCH_KL,
+    MISMATCH_TOKENS,
 )
 from relayrl.registry import Registry
 
@@ -236,6 +238,24 @@ def policy_drift(
     return out
 
 
+def staleness_k3(
+    behav_logprobs: Sequence[Sequence[float]],
+    versions: Sequence[Sequence[int]],
+    model_masks: Sequence[Sequence[bool]],
+    before: Sequence[Tensor],
+    version: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Flat over the batch's completion tokens: the model-token mask, each token's
+    staleness ``version`` − its version (long), and the k3 estimate of KL(μ ‖ π_v) with
+    ρ = log π_v − log μ (``before``: the logprobs under π_v; none: ρ = 0), in float64, where
+    the fresh tokens' k3 ≈ ρ²/2 is still resolved."""
+    mask = torch.tensor([bool(x) for m in model_masks for x in m], dtype=torch.bool)
+    stale = torch.tensor([version - v for vs in versions for v in vs], dtype=torch.long)
+    behav = torch.tensor([x for b in behav_logprobs for x in b], dtype=torch.float64)
+    prox = torch.cat([x.detach().double().cpu().reshape(-1) for x in before]) if before else behav
+    return mask, stale, kl_estimate(behav, prox, "k3")
+
+
 def stale_kl_per_version(
     behav_logprobs: Sequence[Sequence[float]],
     versions: Sequence[Sequence[int]],
@@ -250,17 +270,39 @@ def stale_kl_per_version(
     fresh tokens (s = 0: the engine-vs-trainer numerical mismatch, which staleness does not
     cause; 0 when there is none). None when no token is stale. What ``rollout.eta=auto``
     reads (``relayrl.rollout.eta``)."""
-    mask = torch.tensor([bool(x) for m in model_masks for x in m], dtype=torch.bool)
-    stale = torch.tensor([version - v for vs in versions for v in vs], dtype=torch.float64)
-    behav = torch.tensor([x for b in behav_logprobs for x in b], dtype=torch.float64)
-    prox = torch.cat([x.detach().double().cpu() for x in before]) if before else behav
-    k3 = kl_estimate(behav, prox, "k3")
+    mask, stale, k3 = staleness_k3(behav_logprobs, versions, model_masks, before, version)
+    stale = stale.double()
     old, fresh = mask & (stale > 0), mask & (stale == 0)
     if not bool(old.any()):
         return None
     mismatch = float(k3[fresh].mean()) if bool(fresh.any()) else 0.0
     excess = float(k3[old].sum()) - mismatch * int(old.sum())
     return excess / float(stale[old].sum())
+
+
+def mismatch_by_staleness(
+    behav_logprobs: Sequence[Sequence[float]],
+    versions: Sequence[Sequence[int]],
+    model_masks: Sequence[Sequence[bool]],
+    before: Sequence[Tensor],
+    version: int,
+) -> dict[str, float]:
+    """The mismatch doctor's columns: the mean k3 estimate of KL(μ ‖ π_v) (ρ = log π_v −
+    log μ, ``before`` the logprobs under π_v, the weights the step starts from) over the
+    batch's model tokens of each staleness s = ``version`` − the token's version, as
+    ``mismatch_kl_k3_s<s>`` with the token count ``mismatch_tokens_s<s>``. Level 0 is the
+    engine-vs-trainer numerical mismatch on fresh tokens (no staleness to explain it);
+    levels 1..η add the policy's drift over s versions. Levels without tokens are left out."""
+    mask, stale, k3 = staleness_k3(behav_logprobs, versions, model_masks, before, version)
+    if not bool(mask.any()):
+        return {}
+    stale, k3 = stale[mask], k3[mask]
+    out: dict[str, float] = {}
+    for s in sorted(set(stale.tolist())):
+        level = stale == s
+        out[f"{MISMATCH_KL}{s}"] = float(k3[level].mean())
+        out[f"{MISMATCH_TOKENS}{s}"] = float(level.sum())
+    return out
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -643,6 +643,13 @@ class TrainConfig(Section):
         description="also write every trained trajectory in full into samples.jsonl (token "
         "ids, behaviour logprobs, versions, reward, advantage) for `relayrl train --replay-from`",
     )
+    inspect_groups: int = Field(
+        4,
+        ge=0,
+        description="write the tokens of the first k groups of every step into inspect.jsonl "
+        "for `relayrl inspect` (per token: decoded text, weight version, behaviour and "
+        "proximal logprob; ≈ 25 bytes a token); 0 = none",
+    )
     drift_metrics: bool = Field(
         False,
         description="(off by default: one more no-grad forward pass per batch, ≈ 1.3× trainer time "

@@ -246,6 +246,14 @@ class TrainerGroup:
         return self.local.options
 
     @property
+    def last_trained(self) -> list:
+        return self.local.last_trained  # rank 0's trainer holds the whole batch
+
+    @property
+    def last_prox(self) -> list | None:
+        return self.local.last_prox
+
+    @property
     def world_size(self) -> int:
         return self.local.world_size
 

@@ -238,6 +238,8 @@ class TrainingLoop:
         stats = await asyncio.to_thread(self.trainer.train_step, groups)
         self.last_stats = stats
         self.logger.log_samples(trajs, step, version)
+        trainer = self.trainer
+        self.logger.log_inspect(trainer.last_trained, trainer.last_prox, len(trajs), step, version)
         last_step = step == self.total_steps - 1
         after = await source.after_update(self.trainer.version, last_step)
         metrics: dict[str, Any] = {STEP: step + 1, VERSION: self.trainer.version}

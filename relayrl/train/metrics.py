@@ -1,8 +1,9 @@
 """Run logs of `relayrl train`: ``metrics.jsonl`` (one object per step), ``samples.jsonl``
-(every trained trajectory: summary, text, optionally the whole trajectory) and the metric
+(every trained trajectory: summary, text, optionally the whole trajectory), ``inspect.jsonl``
+(per-token versions and logprobs of a few groups per step, for ``relayrl inspect``) and the metric
 sinks of ``train.loggers`` (TensorBoard, W&B, MLflow).
 
-Owns: :class:`RunLogger`, :func:`sample_record`, :func:`batch_metrics` (reward, pass rate,
+Owns: :class:`RunLogger`, :func:`sample_record`, :func:`inspect_record`, :func:`batch_metrics` (reward, pass rate,
 lengths, versions of a batch), :func:`realised_staleness` and :func:`drift_summary` (a run's
 staleness and per-version drift from its log). Imports: the config schema, the Trajectory record, the
 sinks of ``relayrl.train.loggers`` and the standard library.
@@ -18,6 +19,7 @@ from typing import Any
 from relayrl.config.schema import RunConfig
 from relayrl.metric_names import (
     BEHAV_PROX_KL,
+    COMPLETED_CORRECT,
     DRIFT_KL,
     FINAL,
     PASS_RATE,
@@ -41,6 +43,7 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {
         REWARD_MEAN: sum(t.reward for t in trajs) / n,
         PASS_RATE: sum(t.reward > PASS_THRESHOLD for t in trajs) / n,
+        COMPLETED_CORRECT: sum(completed_correct(t) for t in trajs) / n,
         "response_len_mean": sum(lengths) / n,
         "response_len_max": float(max(lengths, default=0)),
         "truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
@@ -48,6 +51,11 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         **episode_metrics(trajs),
         **teacher_kl_metrics(trajs),  # on-policy distillation only
     }
+
+
+def completed_correct(t: Trajectory) -> bool:
+    """Finished within the token budget (not truncated) and passed."""
+    return t.finish_reason != "length" and t.reward > PASS_THRESHOLD
 
 
 def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -85,6 +93,45 @@ def sample_record(
         record["text"] = decode(t.completion_ids)
     if dump:
         record["trajectory"] = t.to_dict()
+    return record
+
+
+def run_lengths(values: Sequence[int]) -> list[list[int]]:
+    """``[[value, count], ...]``: the runs of equal consecutive values (a sample's token
+    versions are one or two runs)."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return runs
+
+
+def inspect_record(
+    t: Trajectory,
+    step: int,
+    version: int,
+    prox: Sequence[float] | None,
+    decode: Callable[[list[int]], str] | None,
+) -> dict[str, Any]:
+    """One ``inspect.jsonl`` row (``relayrl inspect``): a sample's tokens (decoded one by one
+    when ``decode`` is given, else their ids), their versions as runs, and per token the
+    behaviour logprob and the trainer's log π_v (``prox``; null when the step computed
+    none), rounded to 4 decimals."""
+    record: dict[str, Any] = {
+        "step": step,
+        "trainer_version": version,
+        "group_id": t.group_id,
+        "sample_index": t.sample_index,
+        "versions": run_lengths(t.versions),
+        "behav": [round(x, 4) for x in t.behav_logprobs],
+        "prox": None if prox is None else [round(float(x), 4) for x in prox],
+    }
+    if decode is not None:
+        record["pieces"] = [decode([i]) for i in t.completion_ids]
+    else:
+        record["ids"] = list(t.completion_ids)
     return record
 
 
@@ -144,14 +191,17 @@ class RunLogger:
         decode: Callable[[list[int]], str] | None = None,
         dump: bool = False,
         append: bool = False,
+        inspect_groups: int = 0,
     ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.sinks = list(sinks)
         self.decode, self.dump = decode, dump
+        self.inspect_groups = inspect_groups
         mode = "a" if append else "w"
         self._metrics = open(self.metrics_path, mode)  # noqa: SIM115 - closed in close()
         self._samples = open(self.samples_path, mode)  # noqa: SIM115
+        self._inspect = open(run_dir / "inspect.jsonl", mode) if inspect_groups > 0 else None  # noqa: SIM115
 
     @classmethod
     def from_config(
@@ -164,7 +214,8 @@ class RunLogger:
         """The logger ``config.train`` asks for (sinks, text, trajectory dump)."""
         train = config.train
         text = decode if train.log_text or train.dump_trajectories else None
-        return cls(run_dir, open_sinks(run_dir, config), text, train.dump_trajectories, append)
+        sinks = open_sinks(run_dir, config)
+        return cls(run_dir, sinks, text, train.dump_trajectories, append, train.inspect_groups)
 
     def log_step(self, metrics: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(metrics) + "\n")
@@ -179,8 +230,37 @@ class RunLogger:
             self._samples.write(json.dumps(record) + "\n")
         self._samples.flush()
 
+    def log_inspect(
+        self,
+        trained: Sequence[Trajectory],
+        prox: Sequence[Any] | None,
+        fresh: int,
+        step: int,
+        version: int,
+    ) -> None:
+        """``inspect.jsonl`` rows of one step: the tokens of the first ``inspect_groups``
+        groups of the ``fresh`` samples that open ``trained``, and one row listing the
+        samples D-ARL replayed (``trained[fresh:]``) at this step."""
+        if self._inspect is None:
+            return
+        groups: list[str] = []
+        for i, t in enumerate(trained[:fresh]):
+            if t.group_id not in groups:
+                if len(groups) == self.inspect_groups:
+                    continue
+                groups.append(t.group_id)
+            values = None if prox is None else prox[i].detach().float().cpu().tolist()
+            row = inspect_record(t, step, version, values, self.decode)
+            self._inspect.write(json.dumps(row) + "\n")
+        replayed = [[t.group_id, t.sample_index] for t in trained[fresh:]]
+        if replayed:
+            self._inspect.write(json.dumps({"step": step, "replayed": replayed}) + "\n")
+        self._inspect.flush()
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
+        if self._inspect is not None:
+            self._inspect.close()
         for sink in self.sinks:
             sink.close()

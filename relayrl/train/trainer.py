@@ -56,6 +56,7 @@ from relayrl.algo.losses import (
     engine_trainer_kl,
     entropy_from_logits,
     loss_normalizer,
+    mismatch_by_staleness,
     policy_drift,
     policy_loss,
     stale_kl_per_version,
@@ -216,6 +217,10 @@ class RLTrainer:
         )
         self.ref_model = self._reference_copy(model) if self.loss_cfg.kl_coef > 0 else None
         self.version = 0
+        # the last step's trained samples (fresh, then D-ARL's replayed) and their log π_v
+        # per completion token (None when the step computed none): RunLogger.log_inspect
+        self.last_trained: list[Trajectory] = []
+        self.last_prox: list[torch.Tensor] | None = None
         self.replay: ReplayStep | None = None
         if options.replay is not None:
             self.replay = ReplayStep(options.replay, self.eta, model)
@@ -339,6 +344,10 @@ class RLTrainer:
         if self.options.drift_metrics:
             after = self.traj_logprobs(self.model, trajs, whole)
             extra.update(policy_drift(behav, [t.model_mask for t in trajs], before, after))
+        if before is not None:  # the mismatch doctor: KL(μ ‖ π_v) per staleness level
+            masks = [t.model_mask for t in trajs]
+            extra.update(mismatch_by_staleness(behav, vers, masks, before, self.version - 1))
+        self.last_trained, self.last_prox = trajs, before  # for the run log's inspector rows
         if self.options.stale_kl and before is not None:
             masks = [t.model_mask for t in trajs]
             k = stale_kl_per_version(behav, vers, masks, before, self.version - 1)
