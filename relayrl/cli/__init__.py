@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "grade": "grade",
     "eval": "eval",
     "report": "report",
+    "inspect": "inspect",
     "train": "train",
     "experiment": "experiment",
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 from relayrl.metric_names import (
     BEHAV_PROX_KL,
     CLIP_FRAC,
+    COMPLETED_CORRECT,
     DRIFT_KL,
     ELAPSED_S,
     ESS_FRAC,
@@ -27,6 +27,7 @@ from relayrl.metric_names import (
     EVAL_VERSION,
     GEN_TOKENS_PER_S,
     IS_WEIGHT_MEAN,
+    MISMATCH_KL,
     PASS_RATE,
     REWARD_MEAN,
     STALENESS_MAX,
@@ -40,7 +41,15 @@ from relayrl.metric_names import (
     TRAIN_TOKENS_PER_S,
     VERSION,
 )
+from relayrl.report.doctor import (
+    MISMATCH_THRESHOLD,
+    Finding,
+    mismatch_levels,
+    run_findings,
+)
+from relayrl.report.inspect import PAGE, build_inspector
 from relayrl.report.logs import RunLogs, load_run
+from relayrl.report.summary import read_config, step_rows, summary_rows
 
 # D-ARL metrics, charted by key prefix whatever versions they name: the replay buffer's
 # kept fraction and size per behaviour version (relayrl.algo.darl logs select/kept_frac/v<k>,
@@ -77,18 +86,48 @@ def _lines(ax, logs: RunLogs, keys: list[tuple[str, str]], x: str) -> bool:
     return drawn
 
 
+REWARD_SERIES = [
+    (REWARD_MEAN, "train reward"),
+    (COMPLETED_CORRECT, "completed correct (finished and passed)"),
+    (EVAL_PASS_AT_1, "held-out pass@1"),
+]
+
+
 def chart_reward(ax, logs: RunLogs) -> bool:
-    ax.set(title="reward and held-out pass@1 by step", xlabel="step")
-    return _lines(
-        ax, logs, [(REWARD_MEAN, "train reward"), (EVAL_PASS_AT_1, "held-out pass@1")], STEP
+    ax.set(
+        title="reward and held-out pass@1 by step", xlabel="step", ylabel="mean reward / fraction"
     )
+    return _lines(ax, logs, REWARD_SERIES, STEP)
 
 
 def chart_reward_time(ax, logs: RunLogs) -> bool:
-    ax.set(title="reward and held-out pass@1 by wall-clock", xlabel="seconds")
-    return _lines(
-        ax, logs, [(REWARD_MEAN, "train reward"), (EVAL_PASS_AT_1, "held-out pass@1")], ELAPSED_S
+    ax.set(
+        title="reward and held-out pass@1 by wall-clock",
+        xlabel="wall-clock seconds",
+        ylabel="mean reward / fraction",
     )
+    return _lines(ax, logs, REWARD_SERIES, ELAPSED_S)
+
+
+def chart_mismatch(ax, logs: RunLogs) -> bool:
+    """The mismatch doctor: KL(μ ‖ π_v) per token staleness, fresh tokens (the
+    engine-vs-trainer mismatch) apart from the drift of stale ones, and the warning line."""
+    levels = mismatch_levels(logs)
+    if not levels:
+        return False
+    for level in levels:
+        xs, ys = logs.series(f"{MISMATCH_KL}{level}")
+        label = "fresh tokens (s = 0): engine vs trainer" if level == 0 else f"s = {level}"
+        ax.plot(xs, [max(y, 1e-18) for y in ys], label=label, marker="." if len(xs) < 40 else None)
+    ax.axhline(MISMATCH_THRESHOLD, color="red", linestyle=":", label="doctor's threshold")
+    ax.set_yscale("log")
+    ax.set(
+        title="mismatch doctor: KL(μ ‖ π_v) by token staleness s",
+        xlabel="step",
+        ylabel="k3 KL (nats / token)",
+    )
+    ax.legend(loc="best", fontsize=7)
+    return True
 
 
 def chart_lengths(ax, logs: RunLogs) -> bool:
@@ -132,7 +171,7 @@ def chart_staleness_bound(ax, logs: RunLogs) -> bool:
 
 
 def chart_importance(ax, logs: RunLogs) -> bool:
-    ax.set(title="importance weights π_prox/μ", xlabel="step")
+    ax.set(title="importance weights π_prox/μ", xlabel="step", ylabel="weight / fraction")
     return _lines(
         ax,
         logs,
@@ -148,7 +187,7 @@ def chart_importance(ax, logs: RunLogs) -> bool:
 
 
 def chart_drift(ax, logs: RunLogs) -> bool:
-    ax.set(title="per-version drift (k3, batch tokens)", xlabel="step", ylabel="KL")
+    ax.set(title="per-version drift (k3, batch tokens)", xlabel="step", ylabel="KL (nats / token)")
     return _lines(
         ax,
         logs,
@@ -239,7 +278,11 @@ def chart_throughput(ax, logs: RunLogs) -> bool:
 
 def chart_episodes(ax, logs: RunLogs) -> bool:
     """Multi-turn runs: tool-call rate and turns per episode, in training and held out."""
-    ax.set(title="episodes: tool-call rate and turns per episode", xlabel="step")
+    ax.set(
+        title="episodes: tool-call rate and turns per episode",
+        xlabel="step",
+        ylabel="rate / turns",
+    )
     return _lines(
         ax,
         logs,
@@ -260,6 +303,7 @@ CHARTS: dict[str, Callable] = {
     "staleness": chart_staleness,
     "staleness_bound": chart_staleness_bound,
     "importance_weights": chart_importance,
+    "mismatch": chart_mismatch,
     "drift": chart_drift,
     "ess": chart_ess,
     "replay": partial(
@@ -404,41 +448,97 @@ def run_summary(logs: RunLogs) -> dict:
     return summary
 
 
+STYLE = (
+    "body{font-family:sans-serif;max-width:1400px;margin:auto;padding:0 12px;color:#222}"
+    "img{max-width:48%;margin:4px}pre{white-space:pre-wrap;margin:0}pre.prompt{color:#666}"
+    ".note{color:#a60}td,th{vertical-align:top;border-top:1px solid #ddd;padding:4px;"
+    "text-align:left}table.summary td:first-child{color:#555;padding-right:24px}"
+    "table.steps td{text-align:right;font-variant-numeric:tabular-nums}"
+    ".finding{border-left:5px solid #e0a000;background:#fff8e6;padding:6px 12px;margin:8px 0}"
+    ".finding.failure{border-color:#c00;background:#fdecec}.ok{color:#070}"
+)
+
+
+def render_table(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table class='summary'>{body}</table>"
+
+
+def render_findings(findings: list[Finding]) -> list[str]:
+    """One section per failure or warning of the run."""
+    parts = ["<h2>Failures and warnings</h2>"]
+    if not findings:
+        return parts + ["<p class='ok'>None: the run logged nothing the report checks for.</p>"]
+    for f in findings:
+        items = "".join(f"<li>{html.escape(i)}</li>" for i in f.items)
+        more = f"<p>Likely causes:</p><ul>{items}</ul>" if items else ""
+        parts.append(
+            f"<section class='finding {f.kind}'><h3>{f.kind}: {html.escape(f.title)}</h3>"
+            f"<p>{html.escape(f.detail)}</p>{more}</section>"
+        )
+    return parts
+
+
+def render_steps(steps: list[dict]) -> list[str]:
+    """The per-step table; each step links to its groups in the inspector."""
+    titles, rows = step_rows(steps)
+    if not rows:
+        return []
+    head = "".join(f"<th>{html.escape(t)}</th>" for t in ["step", *titles])
+    body = "".join(
+        f"<tr><td><a href='{PAGE}#step={step}'>step {step}</a></td>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+        + "</tr>"
+        for step, cells in rows
+    )
+    return [
+        "<h2>Steps</h2><p>Each step links to its GRPO groups in the rollout inspector.</p>",
+        f"<table class='steps'><tr>{head}</tr>{body}</table>",
+    ]
+
+
 def render_html(
-    run_dir: Path, logs: RunLogs, charts: dict[str, Path], skipped: dict[str, str]
+    run_dir: Path,
+    logs: RunLogs,
+    charts: dict[str, Path],
+    skipped: dict[str, str],
+    findings: list[Finding] = (),  # type: ignore[assignment]
+    config: dict | None = None,
 ) -> str:
+    steps = [m for m in training_rows(logs) if not m.get("final")]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>relayrl report: "
-        f"{html.escape(run_dir.name)}</title><style>body{{font-family:sans-serif;"
-        f"max-width:1400px;margin:auto}} img{{max-width:48%;margin:4px}} "
-        f"pre{{white-space:pre-wrap;margin:0}} pre.prompt{{color:#666}} .note{{color:#a60}} "
-        f"td{{vertical-align:top;border-top:1px solid #ddd;padding:4px}}</style></head><body>",
+        f"{html.escape(run_dir.name)}</title><style>{STYLE}</style></head><body>",
         f"<h1>relayrl run report: {html.escape(run_dir.name)}</h1>",
-        f"<p>{len(training_rows(logs))} training steps logged, {len(logs.samples)} trained "
-        "samples.</p>",
+        f"<p>{len(steps)} training steps logged, {len(logs.samples)} trained samples. "
+        f"<a href='{PAGE}'>Open the rollout inspector</a> (every GRPO group, tokens coloured "
+        "by weight version; re-build it with <code>relayrl inspect RUN_DIR</code>).</p>",
+        "<h2>Summary</h2>",
+        render_table(summary_rows(logs, config or {}, steps)),
     ]
-    summary = run_summary(logs)
-    if summary:
-        parts.append(
-            "<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"
-        )
+    parts.extend(render_findings(list(findings)))
     parts.append("<h2>Charts</h2>")
     for name, path in charts.items():
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<img alt='{name}' title='{name}' src='data:image/png;base64,{data}'>")
     if skipped:
         parts.append("<p>Skipped: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()) + "</p>")
+    parts.extend(render_steps(steps))
     parts.extend(render_samples(logs))
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def build_report(run_dir: str | Path) -> Report:
+    """Write ``RUN_DIR/report/index.html``, its PNGs and the inspector page next to them."""
     run = Path(run_dir)
     logs = load_run(run)
+    config = read_config(run)
     out = run / "report"
     out.mkdir(exist_ok=True)
     charts, skipped = draw_charts(logs, out)
+    findings = run_findings(logs, config, (run / "train_summary.json").is_file())
+    build_inspector(run)
     page = out / "index.html"
-    page.write_text(render_html(run, logs, charts, skipped))
+    page.write_text(render_html(run, logs, charts, skipped, findings, config))
     return Report(page, charts, skipped)

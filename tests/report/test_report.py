@@ -136,3 +136,27 @@ def test_report_errors_are_clear(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(RelayError, match=r"metrics.jsonl:2: not valid JSON"):
         build_report(tmp_path)
+
+
+def test_a_real_run_records_tokens_for_the_inspector_and_the_mismatch_doctor(short_run):
+    """inspect.jsonl: the first train.inspect_groups (4 ≥ B = 2: all) groups of each step,
+    per token a version, a behaviour and a proximal logprob; metrics: per-staleness KL."""
+    from relayrl.report.logs import read_jsonl
+
+    rows = read_jsonl(short_run / "inspect.jsonl")
+    samples = read_jsonl(short_run / "samples.jsonl")
+    assert len(rows) == len(samples) == 3 * 2 * 4
+    for row, sample in zip(rows, samples, strict=True):
+        n = sample["completion_tokens"]
+        assert (row["group_id"], row["sample_index"]) == (
+            sample["group_id"],
+            sample["sample_index"],
+        )
+        assert sum(count for _, count in row["versions"]) == len(row["behav"]) == n
+        assert len(row["prox"]) == len(row["pieces"]) == n
+        assert row["versions"][0][0] == sample["version_min"]
+    steps = [m for m in load_run(short_run).metrics if "reward_mean" in m]
+    assert all("completed_correct_frac" in m for m in steps)
+    assert steps[0]["mismatch_kl_k3_s0"] < 1e-6  # fresh tokens: the engine is exact
+    levels = {k for m in steps for k in m if k.startswith("mismatch_kl_k3_s")}
+    assert levels <= {"mismatch_kl_k3_s0", "mismatch_kl_k3_s1"}  # η = 1
