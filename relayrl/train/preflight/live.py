@@ -1,0 +1,293 @@
+"""Preflight checks that run the real thing once: a server, one generation, one step.
+
+Owns: :func:`check_server` (one rollout server of the run's backend starts on loopback,
+or the first of ``rollout.server_urls`` answers; it passes the run's server check and
+generates one group of ``rollout.n_samples`` completions of the first prompt with per-token
+logprobs and versions; the trainer recomputes the logprobs and the k3 KL between them is
+printed: an error above :data:`KL_TOLERANCE`), :func:`check_step` (the group graded,
+its advantages set and one timed optimizer step, extrapolated to ``rollout.prompts_per_step``
+groups) and :func:`check_memory` (the peak resident memory of the trainer, the server and a
+grading worker, measured, with the KV cache a full server holds and the activations of a
+full micro-batch added, against the memory this machine has).
+
+Imports: config, engine (client types, KV size, available memory), launch (backends),
+rollout (trajectories, advantages), algo (the k3 KL), relayrl.train (the trainer factory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from relayrl.train.preflight.context import CheckContext
+from relayrl.train.preflight.runner import CheckFailed
+
+CHECK_TOKENS = 64  # the longest completion the check samples (rollout.max_new_tokens if less)
+KL_TOLERANCE = 1e-2  # engine-vs-trainer k3 above this: something differs, not rounding
+MiB = 2**20
+
+
+def _one_server(config):
+    """``config`` with one rollout server and a trainer of world size 1."""
+    rollout = config.rollout.model_copy(update={"num_servers": 1})
+    train = config.train.model_copy(update={"world_size": 1})
+    return config.model_copy(update={"rollout": rollout, "train": train})
+
+
+def start_server(ctx: CheckContext) -> None:
+    """Start one server of the run's backend in the background (it boots while the other
+    checks run); :func:`check_server` waits for it."""
+    from relayrl.launch.backends import make_backend
+
+    assert ctx.config is not None and ctx.model_dir is not None
+    ctx.backend = make_backend(_one_server(ctx.config), ctx.model_dir)
+    ctx.launcher = ctx.backend.launcher(ctx.tmp / "servers")
+    ctx.server_start = Future()
+    began = time.monotonic()
+
+    def start() -> None:
+        try:
+            urls = ctx.launcher.start()[:1]
+            ctx.measures["server_start_s"] = time.monotonic() - began
+            ctx.server_start.set_result(urls)
+        except BaseException as exc:  # noqa: BLE001 - the server check reports it
+            ctx.server_start.set_exception(exc)
+
+    threading.Thread(target=start, name="check-server-start", daemon=True).start()
+
+
+def check_server(ctx: CheckContext) -> str:
+    """Wait for the server, sample one group, compare its logprobs with the trainer's."""
+    from relayrl.train.distributed import make_trainer
+
+    assert ctx.config is not None and ctx.model_dir is not None
+    if ctx.server_start is None:
+        start_server(ctx)
+    urls = ctx.server_start.result()
+    config = _one_server(ctx.config)
+    ctx.group = asyncio.run(_sample_group(ctx, ctx.backend, urls))
+    pad = ctx.tokenizer.pad_token_id
+    ctx.trainer = make_trainer(ctx.model, config, pad, ctx.model_dir, ctx.tmp)
+    kl, tokens = _engine_trainer_kl(ctx)
+    started = f"started in {ctx.measures['server_start_s']:.1f} s"
+    where = "external" if config.rollout.server_urls else started
+    return (
+        f"rollout.engine={config.rollout.engine} {urls[0]} ({where}): {len(ctx.group)} samples, "
+        f"{tokens} tokens in {ctx.generation_s:.1f} s; engine vs trainer logprobs k3 KL "
+        f"{kl:.2e} (tolerance {KL_TOLERANCE:g})"
+    )
+
+
+async def _sample_group(ctx: CheckContext, backend: Any, urls: list[str]) -> list[Any]:
+    from relayrl.engine.types import SamplingParams
+    from relayrl.rollout.trajectory import Trajectory
+
+    config = ctx.config
+    assert config is not None
+    rollout = config.rollout
+    max_tokens = min(rollout.max_new_tokens, CHECK_TOKENS)
+    params = [
+        SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            seed=config.seed + j,
+        )
+        for j in range(rollout.n_samples)
+    ]
+    async with backend.client(urls) as client:
+        await backend.check_servers(client)
+        start = time.monotonic()
+        gens = await client.generate_many([ctx.prompt_ids] * len(params), params)
+        ctx.generation_s = time.monotonic() - start
+    group = []
+    for j, gen in enumerate(gens):
+        _check_generation(gen, urls[0])
+        group.append(
+            Trajectory(
+                ctx.problems[0].id,
+                "check",
+                j,
+                list(ctx.prompt_ids),
+                gen.output_ids,
+                gen.output_logprobs,
+                gen.output_versions,
+                0,
+                gen.finish_reason,
+            )
+        )
+    return group
+
+
+def _check_generation(gen: Any, url: str) -> None:
+    fix = "the server must return one logprob and one weight version per generated token"
+    if not gen.output_ids:
+        raise CheckFailed(f"{url} generated no token", "check the model and rollout.max_new_tokens")
+    if len(gen.output_logprobs) != len(gen.output_ids):
+        raise CheckFailed(
+            f"{url} returned {len(gen.output_logprobs)} logprobs for {len(gen.output_ids)} tokens",
+            fix,
+        )
+    if set(gen.output_versions) != {0}:
+        raise CheckFailed(
+            f"{url} tagged a fresh run's tokens with versions {sorted(set(gen.output_versions))}",
+            fix,
+        )
+
+
+def _engine_trainer_kl(ctx: CheckContext) -> tuple[float, int]:
+    from relayrl.algo.losses import engine_trainer_kl
+    from relayrl.metric_names import ENGINE_TRAINER_KL
+
+    group = ctx.group
+    prox = ctx.trainer.traj_logprobs(ctx.trainer.model, group)
+    behav = [t.behav_logprobs for t in group]
+    stats = engine_trainer_kl(behav, [t.versions for t in group], prox, 0)
+    kl, tokens = stats[ENGINE_TRAINER_KL], int(stats["engine_trainer_kl_tokens"])
+    if not kl <= KL_TOLERANCE:
+        raise CheckFailed(
+            f"the engine's logprobs disagree with the trainer's: k3 KL {kl:.3g} over {tokens} "
+            f"tokens (tolerance {KL_TOLERANCE:g})",
+            "likely causes: rollout.dtype or model.dtype differ, the served model is not "
+            "model.path, a temperature or chat-template mismatch (docs/engine.md)",
+        )
+    return kl, tokens
+
+
+def check_step(ctx: CheckContext) -> str:
+    """Grade the group, set its advantages, time one optimizer step; estimate a step."""
+    from relayrl.rollout.controller import assign_advantages
+
+    config = ctx.config
+    assert config is not None
+    texts = [ctx.tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in ctx.group]
+    results = ctx.pool.grade_batch([(ctx.problems[0], text) for text in texts])
+    for traj, result in zip(ctx.group, results, strict=True):
+        traj.reward, traj.reward_status = result.reward, result.status
+    assign_advantages([ctx.group], config.algo.advantage, config.algo.gamma)
+    before = _rss_bytes(os.getpid())
+    start = time.monotonic()
+    ctx.trainer.train_step([ctx.group])
+    train_s = time.monotonic() - start
+    ctx.measures.update(train_s=train_s, rss_before_step=before)
+    return _step_estimate(ctx, train_s)
+
+
+def _step_estimate(ctx: CheckContext, train_s: float) -> str:
+    config = ctx.config
+    assert config is not None
+    groups = config.rollout.prompts_per_step
+    capped = min(config.rollout.max_new_tokens, CHECK_TOKENS)
+    longer = config.rollout.max_new_tokens / capped if _hit_cap(ctx.group, capped) else 1.0
+    gen = ctx.generation_s * longer * groups
+    train = train_s * longer * groups
+    step = gen + train if config.rollout.eta == 0 else max(gen, train)
+    how = (
+        "generation + training (eta=0)"
+        if config.rollout.eta == 0
+        else "the slower of the two, overlapped"
+    )
+    return (
+        f"one group of {len(ctx.group)}: generation {ctx.generation_s:.2f} s, optimizer step "
+        f"{train_s:.2f} s; a step of {groups} groups ≈ {step:.1f} s ({how}; at most one "
+        f"group generating at a time, continuous batching makes it less)"
+    )
+
+
+def _hit_cap(group: list[Any], capped: int) -> bool:
+    return any(len(t.completion_ids) >= capped for t in group)
+
+
+def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """``field`` (VmRSS, VmHWM) of process ``pid`` from /proc, in bytes (0 if unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(c) for c in task.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def check_memory(ctx: CheckContext) -> str:
+    """Peak memory per process, measured and extrapolated, against the machine's."""
+    from relayrl.engine.model_runner import available_memory_bytes
+
+    config = ctx.config
+    assert config is not None
+    trainer = _trainer_peak(ctx)
+    servers = [p for p in getattr(ctx.launcher, "pids", [])]
+    server = max((_rss_bytes(p, "VmHWM") for p in servers), default=0) + _kv_bytes(ctx)
+    graders = [p for p in _children(os.getpid()) if p not in servers]
+    grader = max((_rss_bytes(p, "VmHWM") for p in graders), default=0)
+    n_servers = 0 if config.rollout.server_urls else config.rollout.num_servers
+    total = trainer + n_servers * server + config.rollout.reward_workers * grader
+    ours = _rss_bytes(os.getpid()) + sum(_rss_bytes(p) for p in servers + graders)
+    available = available_memory_bytes()
+    detail = (
+        f"trainer ≈ {trainer / MiB:.0f} MiB, server ≈ {server / MiB:.0f} MiB (KV at full load "
+        f"included) × {n_servers}, grader ≈ {grader / MiB:.0f} MiB × "
+        f"{config.rollout.reward_workers}: ≈ {total / MiB:.0f} MiB"
+    )
+    if available is None:
+        return f"{detail}; the machine's available memory cannot be read"
+    room = available + ours
+    if total > room:
+        raise CheckFailed(
+            f"{detail}, more than the {room / MiB:.0f} MiB this machine has free",
+            "lower rollout.max_running_requests, optim.micro_batch_tokens, rollout.num_servers "
+            "or model.max_context, or use a smaller model",
+        )
+    return f"{detail} of {room / MiB:.0f} MiB available"
+
+
+def _trainer_peak(ctx: CheckContext) -> int:
+    """This process's peak, with the measured step's activations scaled to a full
+    micro-batch (``optim.micro_batch_tokens`` or the whole batch, whichever is less)."""
+    config = ctx.config
+    assert config is not None
+    peak = _rss_bytes(os.getpid(), "VmHWM")
+    before = int(ctx.measures.get("rss_before_step", peak))
+    group_tokens = sum(t.num_tokens for t in ctx.group) or 1
+    rollout = config.rollout
+    per_sample = len(ctx.prompt_ids) + rollout.max_new_tokens
+    batch = rollout.prompts_per_step * rollout.n_samples * per_sample
+    scale = max(1.0, min(config.optim.micro_batch_tokens, batch) / group_tokens)
+    return int(peak + max(0, peak - before) * (scale - 1))
+
+
+def _kv_bytes(ctx: CheckContext) -> int:
+    """The KV cache a built-in server holds at full load (vLLM's is allocated at start)."""
+    config = ctx.config
+    assert config is not None
+    if config.rollout.engine != "builtin" or config.rollout.server_urls:
+        return 0
+    import torch
+
+    from relayrl.engine.kv import kv_bytes_per_token
+
+    dtype = getattr(torch, config.served_dtype)
+    from relayrl.engine.model_runner import available_memory_bytes
+    from relayrl.engine.types import EngineOptions
+
+    per_token = kv_bytes_per_token(ctx.model.config, dtype)
+    full = per_token * config.rollout.max_running_requests * config.model.max_context
+    available = available_memory_bytes()  # the engine caps its KV at a fraction of it
+    if available is None:
+        return full
+    return min(full, int(available * EngineOptions().kv_memory_fraction))
