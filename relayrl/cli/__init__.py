@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from relayrl.cli.intermixed import IntermixedParser
 from relayrl.errors import RelayError
 
 PLUGIN_HELP = (
@@ -28,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "grade": "grade",
     "eval": "eval",
     "report": "report",
+    "check": "check",
     "inspect": "inspect",
     "train": "train",
     "experiment": "experiment",
@@ -35,7 +37,7 @@ COMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = IntermixedParser(
         prog="relayrl", description="Fully asynchronous RL for LLM reasoning."
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for user errors")
@@ -74,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         from relayrl.plugins import load_plugins, load_plugins_from_env
 
         load_plugins_from_env()
-        args.plugin = load_plugins([*args.plugin, *args.command_plugin])
+        plugins = [*args.plugin, *args.command_plugin]
+        # --check / relayrl check: imported by the preflight, which reports a failure
+        args.plugin = plugins if getattr(args, "check", False) else load_plugins(plugins)
         return int(args._run(args) or 0)
     except RelayError as exc:
         if args.debug:

@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train only, on the trajectories RUN_DIR recorded with train.dump_trajectories="
         "true (no rollout server, no grading; put this option before CONFIG)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run the preflight of `relayrl check` on this config, then exit (no training)",
+    )
 
 
 def interrupt_on_sigterm() -> None:
@@ -65,14 +70,15 @@ def interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, plugins: list[str] | None = None):
     overrides = list(args.overrides)
     if args.resume is None:
         if args.config is None:
             raise RelayError("relayrl train needs a CONFIG (or --resume RUN_DIR)")
         from relayrl.config.loader import load_config
 
-        return load_config(args.config, overrides, plugins=getattr(args, "plugin", None))
+        plugins = plugins if plugins is not None else getattr(args, "plugin", None)
+        return load_config(args.config, overrides, plugins=plugins)
     if args.config is not None:
         if "=" not in args.config:
             raise RelayError(
@@ -86,6 +92,10 @@ def _config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from relayrl.cli.check import run_preflight
+
+        return run_preflight(args, lambda plugins: _config(args, plugins))
     config = _config(args)
     from relayrl.train.distributed import run_torchrun_worker
 

@@ -1,0 +1,224 @@
+"""`relayrl check` / `relayrl train --check`: the good config passes (one real run, a real
+server and a real step, shared by the module), and each crafted bad input fails its own
+check with its own one-line message, fast (before any server starts where it can)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli import main
+from relayrl.plugins import ENV as PLUGINS_ENV
+from relayrl.train.preflight.runner import Check, run_checks
+
+REPO = Path(__file__).resolve().parents[2]
+ASYNC = str(REPO / "configs" / "async.yaml")
+NAMES = (
+    "plugins config environment run_dir dataset sandbox grader model template server step memory"
+)
+
+
+def check(*argv: str) -> tuple[int, list[str]]:
+    """``relayrl ARGV...``: its exit status and its output lines (stdout then stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, (out.getvalue() + err.getvalue()).splitlines()
+
+
+def line_of(lines: list[str], name: str) -> str:
+    prefixes = tuple(f"{p}{name}: " for p in ("ok   ", "skip ", "error: "))
+    return next(ln for ln in lines if ln.startswith(prefixes))
+
+
+@pytest.fixture(scope="module")
+def passing(tmp_path_factory) -> tuple[int, list[str], float]:
+    """configs/async.yaml as shipped (the preset built, a real server), run directory in a
+    temporary folder."""
+    out = tmp_path_factory.mktemp("runs")
+    start = time.monotonic()
+    code, lines = check("check", ASYNC, f"output_dir={out}")
+    return code, lines, time.monotonic() - start
+
+
+def test_the_good_config_passes_every_check(passing):
+    code, lines, seconds = passing
+    assert code == 0, "\n".join(lines)
+    for name in NAMES.split():
+        assert line_of(lines, name).startswith(f"ok   {name}: "), lines
+    assert lines[-1] == "check: all passed"
+    server = line_of(lines, "server")
+    kl = float(server.split("k3 KL ")[1].split()[0])
+    assert kl < 1e-6, server  # fp32 engine and trainer on the same weights
+    assert "8 samples" in server
+    assert "a step of 16 groups" in line_of(lines, "step")
+    assert "MiB available" in line_of(lines, "memory")
+    assert seconds < 120, seconds  # the goal on an idle machine is 30 s (README)
+
+
+def test_train_check_runs_the_same_and_does_not_train(tmp_path):
+    code, lines = check(
+        "train",
+        ASYNC,
+        "--check",
+        f"output_dir={tmp_path}",
+        "rollout.vllm.python=/no/python",
+        "rollout.engine=vllm",
+    )
+    assert code == 1
+    assert line_of(lines, "environment").startswith("error: environment: rollout.vllm.python")
+    assert "make vllm" in line_of(lines, "environment")
+    assert line_of(lines, "server").startswith("skip server:")
+    assert not (tmp_path / "async").exists()  # nothing trained, no run directory made
+
+
+def test_a_bad_override_fails_the_config_check():
+    code, lines = check("check", ASYNC, "rollout.etaa=3")
+    assert code == 1
+    line = line_of(lines, "config")
+    assert line.startswith("error: config: override 'rollout.etaa'"), line
+    assert line_of(lines, "model").startswith("skip model:")
+
+
+def test_a_plugin_that_fails_to_import(tmp_path):
+    plugin = tmp_path / "broken_plugin.py"
+    plugin.write_text("raise RuntimeError('no such dependency')\n")
+    code, lines = check("check", ASYNC, "--plugin", str(plugin))
+    assert code == 1
+    line = line_of(lines, "plugins")
+    assert line.startswith("error: plugins: plugin ") and "no such dependency" in line, line
+    assert line.endswith("— fix the module or drop it from --plugin / plugins:")
+    assert "Traceback" not in "\n".join(lines)  # one line, not the traceback
+
+
+def test_a_model_path_that_is_not_a_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, lines = check(
+        "check", ASYNC, f"model.path={tmp_path / 'empty'}", f"output_dir={tmp_path}"
+    )
+    assert code == 1
+    failed = [ln for ln in lines if ln.startswith("error:")]
+    assert len(failed) == 1 and "config.json" in failed[0], lines
+    assert failed[0].startswith(("error: model:", "error: config:")), failed
+
+
+def test_a_template_that_refuses_a_system_turn(tmp_path, tiny_model_dir):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config_file = model / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text())
+    tokenizer_config["chat_template"] = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}\n{% endfor %}"
+    )
+    config_file.write_text(json.dumps(tokenizer_config))
+    code, lines = check(
+        "check",
+        ASYNC,
+        f"model.path={model}",
+        "model.system_prompt=Be brief.",
+        f"output_dir={tmp_path}",
+    )
+    assert code == 1
+    line = line_of(lines, "template")
+    assert line.startswith("error: template: model.system_prompt: the tokenizer's chat template")
+    assert "System role not supported" in line
+    assert line_of(lines, "server").startswith("skip server:")
+
+
+def test_a_dataset_row_missing_its_field(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    rows = [{"id": "a", "prompt": "1+1?", "answer": "2"}, {"id": "b", "prompt": "2+2?"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, lines = check("check", ASYNC, f"rollout.dataset={data}", f"output_dir={tmp_path}")
+    assert code == 1
+    line = line_of(lines, "dataset")
+    assert line.startswith("error: dataset: ") and f"{data}:2" in line and "answer" in line, line
+    assert line_of(lines, "grader").startswith("skip grader:")
+
+
+NEVER_RIGHT = """
+import dataclasses
+
+from relayrl.rewards.dispatch import register_grader
+from relayrl.tasks.arithmetic import ArithmeticTask
+from relayrl.tasks.registry import register_task
+
+
+@register_grader("never_right")
+def never_right(problem, completion):
+    return 0.0, {"why": "this grader calls every answer wrong"}
+
+
+@register_task
+@dataclasses.dataclass
+class NeverRightTask(ArithmeticTask):
+    name: str = "never_right"
+
+    def _sample(self, rng, problem_id):
+        key, problem = super()._sample(rng, problem_id)
+        return key, dataclasses.replace(problem, grader="never_right")
+"""
+
+
+def test_a_grader_that_calls_a_good_answer_wrong(tmp_path, monkeypatch):
+    monkeypatch.delenv(PLUGINS_ENV, raising=False)  # restored after the test
+    plugin = tmp_path / "never_right_plugin.py"
+    plugin.write_text(NEVER_RIGHT)
+    code, lines = check(
+        "check", ASYNC, "task.name=never_right", "--plugin", str(plugin), f"output_dir={tmp_path}"
+    )
+    assert code == 1
+    line = line_of(lines, "grader")
+    assert line.startswith("error: grader: problem never_right-train-0 (grader never_right): ")
+    assert "the known-good answer" in line and "scored 0" in line, line
+    assert line_of(lines, "server").startswith("skip server:")
+
+
+def test_a_run_directory_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    code, lines = check("check", ASYNC, f"output_dir={blocker}")
+    assert code == 1
+    line = line_of(lines, "run_dir")
+    assert line.startswith(f"error: run_dir: cannot write in {blocker}"), line
+    assert "set output_dir" in line
+
+
+def test_a_run_directory_others_can_write(tmp_path):
+    run_dir = tmp_path / "async"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    run_dir.chmod(0o777)
+    before = sorted(p.name for p in run_dir.iterdir())
+    code, lines = check("check", ASYNC, f"output_dir={tmp_path}")
+    assert code == 1
+    line = line_of(lines, "run_dir")
+    assert "writable by other users (mode 777)" in line and "chmod go-w" in line, line
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing touched
+
+
+def test_a_check_past_its_deadline_is_an_error_and_the_rest_run():
+    def hang(_):
+        time.sleep(5)
+
+    checks = [
+        Check("slow", hang, deadline_s=0.2),
+        Check("after", lambda _: "fine"),
+        Check("needs_slow", lambda _: "no", ("slow",)),
+    ]
+    out = io.StringIO()
+    report = run_checks(checks, object(), out)
+    assert not report.ok
+    assert out.getvalue().splitlines() == [
+        "error: slow: did not finish within its deadline of 0 s — see --debug",
+        "ok   after: fine",
+        "skip needs_slow: not run: slow did not pass",
+    ]
