@@ -40,7 +40,7 @@ def test_every_block_of_the_page_runs(tmp_path):
     blocks = doc_blocks()
     files = [b for kind, b in blocks if kind != "bash"]
     assert all(b.startswith("# file: ") for b in files), "a code block without # file: NAME"
-    assert sum(kind == "bash" for kind, _ in blocks) == 4
+    assert sum(kind == "bash" for kind, _ in blocks) == 5
     output = ""
     for kind, block in blocks:
         if kind == "bash":
@@ -50,11 +50,17 @@ def test_every_block_of_the_page_runs(tmp_path):
         else:
             name, body = block.split("\n", 1)
             (tmp_path / name.removeprefix("# file: ").strip()).write_text(body)
-    assert output.count("final_pass@1=") == 2
-    assert output.count("pass@1=") >= 5  # three evals and two runs
+    assert output.count("final_pass@1=") == 3
+    assert output.count("pass@1=") >= 6  # three evals and three runs
+    columns = "['choices', 'question', 'solution']"
+    assert (
+        f"rollout.dataset.answer_field='answer': no such column; the row's columns: {columns}"
+        in output
+    )
     assert "dataset: chain_sum" in output  # the reasoning_gym task's config
     assert "unknown task 'sumz' (did you mean 'sums'?)" in output
-    for run in ("mine", "plugged"):
+    for run in ("mine", "qa", "plugged"):
         assert (tmp_path / "runs" / run / "metrics.jsonl").is_file()
+    assert not (tmp_path / "runs" / "qa_typo" / "metrics.jsonl").exists()
     saved = (tmp_path / "runs" / "plugged" / "config.yaml").read_text()
     assert str(tmp_path / "my_plugin.py") in saved
