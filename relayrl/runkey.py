@@ -4,9 +4,12 @@ Owns: :data:`API_KEY_ENV` / :data:`API_KEY_FILE_ENV` (how a key reaches a server
 without a command line: ``/proc/<pid>/cmdline`` is readable by every user, the environment
 and a 0600 file are not), :func:`new_key`, :func:`key_from_env`, :func:`read_key_file` (which
 refuses a file other users could read or that someone else owns), :func:`run_key` (the
-per-run-directory secret ``<run>/run.key``, created 0600 on first use) and :func:`derive`
+per-run-directory secret ``<run>/run.key``, created 0600 on first use), :func:`derive`
 (one independent subkey per purpose, so a leaked API key reveals nothing of the checkpoint
-key and the reverse).
+key and the reverse) and :func:`health_proof` (how a server shows that it holds the key
+without the client sending it: the answer to a ``GET /health`` challenge, bound to the port
+the server listens on, so that a process squatting one port cannot relay another server's
+answer; ``relayrl/launch/vllm_worker/relayrl_vllm_guard.py`` computes the same).
 
 Imports: relayrl.errors, the standard library.
 """
@@ -87,3 +90,15 @@ def run_key(run_dir: Path) -> str:
 def derive(key: str, purpose: str) -> str:
     """An independent subkey of ``key`` for ``purpose`` (HMAC-SHA256, hex)."""
     return hmac.new(key.encode(), purpose.encode(), hashlib.sha256).hexdigest()
+
+
+CHALLENGE_HEADER = "x-relayrl-challenge"  # GET /health: the client's fresh random challenge
+PROOF_HEADER = "x-relayrl-proof"  # the server's answer, health_proof(key, port, challenge)
+MAX_CHALLENGE = 128  # characters; a longer challenge gets no proof
+
+
+def health_proof(key: str, port: int, challenge: str) -> str:
+    """What a server holding ``key`` and listening on ``port`` answers to ``challenge``:
+    HMAC-SHA256 of ``relayrl-health <port> <challenge>`` under ``key``, hex."""
+    message = f"relayrl-health {int(port)} {challenge}"
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()

@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="log every HTTP request (default off)"
     )
+    parser.add_argument(
+        "--open-control-plane",
+        action="store_true",
+        help="without a key, let anyone who reaches the server load weights into it, pause "
+        "it and join transfer groups (loopback hosts only); by default a keyless server "
+        "answers those routes with 403 and serves generation only (docs/security.md)",
+    )
 
 
 def _api_key(path: str | None) -> str | None:
@@ -75,5 +82,6 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         access_log=args.access_log,
         engine=engine,
+        open_control_plane=args.open_control_plane,
     )
     return serve_main(options)

@@ -1,7 +1,8 @@
 """Run one built-in rollout server in the foreground: :func:`serve_main`.
 
-Owns: :class:`ServeOptions` (what a server process needs: model directory, bind address,
-API key, torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
+Owns: :class:`ServeOptions` (what a server process needs: model directory, bind address or
+an inherited listening socket, API key, whether a keyless server's control plane is open,
+torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
 the one entry point that both ``relayrl serve`` (from its argv) and the run launcher (from a
 JSON copy of the options, :meth:`ServeOptions.to_json`, and the API key in its environment)
 call; neither goes through the other.
@@ -26,6 +27,12 @@ class ServeOptions:
     threads: int = 1
     access_log: bool = False
     engine: EngineOptions = field(default_factory=EngineOptions)
+    # without a key: weight loads, pauses and transfer groups answer 403 unless this is set
+    # (loopback only; docs/security.md)
+    open_control_plane: bool = False
+    # a listening socket inherited from the launcher (its fd number), served instead of
+    # binding host:port; set from the environment by relayrl.launch.servers.serve_child
+    listen_fd: int | None = None
 
     def to_json(self) -> str:
         """The options as JSON for a child's command line: without the API key, which
@@ -38,19 +45,29 @@ class ServeOptions:
         return cls(**{**data, "engine": EngineOptions(**data.get("engine", {}))})
 
 
+def _warn_open(options: ServeOptions) -> None:
+    """A keyless server says what any local user can do with it."""
+    if options.open_control_plane:
+        what = "load weights into it, pause it or generate"
+    else:
+        what = "generate (weight loads and pauses answer 403: the control plane is closed)"
+    print(
+        f"warning: serving on {options.host} without an API key: any local user can {what}; "
+        "set RELAYRL_API_KEY or --api-key-file (docs/security.md)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def serve_main(options: ServeOptions) -> int:
     """Load ``options.model`` into an :class:`Engine` and serve it until interrupted."""
+    import socket
+
     from relayrl.engine.server import check_bind
 
-    check_bind(options.host, options.api_key)  # before loading anything
+    check_bind(options.host, options.api_key, options.open_control_plane)  # before loading
     if not options.api_key:
-        print(
-            f"warning: serving on {options.host} without an API key: any local user can load "
-            "weights into it or pause it; set RELAYRL_API_KEY or --api-key-file "
-            "(docs/security.md)",
-            file=sys.stderr,
-            flush=True,
-        )
+        _warn_open(options)
     if options.threads < 1:
         raise RelayError("--threads must be >= 1")
     import torch
@@ -58,10 +75,22 @@ def serve_main(options: ServeOptions) -> int:
     from relayrl.engine.engine import Engine
     from relayrl.engine.server import serve
 
+    sock = None
+    if options.listen_fd is not None:
+        sock = socket.socket(fileno=options.listen_fd)
+        sock.set_inheritable(False)  # no process this one starts gets the port
     torch.set_num_threads(options.threads)
     engine = Engine.from_pretrained(options.model, options.engine)
     try:
-        serve(engine, options.host, options.port, options.api_key, access_log=options.access_log)
+        serve(
+            engine,
+            options.host,
+            options.port,
+            options.api_key,
+            access_log=options.access_log,
+            open_control_plane=options.open_control_plane,
+            sock=sock,
+        )
     finally:
         engine.shutdown()
     return 0

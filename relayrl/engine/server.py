@@ -22,9 +22,11 @@ fresh key (``relayrl.launch.backends``), also on loopback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import itertools
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +44,7 @@ from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol, awai
 from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name, join_in_own_thread
 from relayrl.engine.types import GenerationResult, PauseMode, SamplingParams
 from relayrl.errors import RelayError
+from relayrl.runkey import CHALLENGE_HEADER, MAX_CHALLENGE, PROOF_HEADER, health_proof
 
 
 class _Strict(BaseModel):
@@ -187,8 +190,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, api_key: str | None) -> None:
-    """Refuse to expose the server beyond this machine without an API key."""
+def check_bind(host: str, api_key: str | None, open_control_plane: bool = False) -> None:
+    """Refuse to expose the server beyond this machine without an API key, and an open
+    control plane anywhere but on loopback."""
+    if open_control_plane and not is_loopback(host):
+        raise RelayError(
+            f"--open-control-plane serves weight loads and pauses to anyone who can reach "
+            f"it, so it is allowed on a loopback host only, not on {host!r}"
+        )
     if not is_loopback(host) and not api_key:
         raise RelayError(
             f"refusing to serve on non-loopback host {host!r} without an API key; "
@@ -297,19 +306,64 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the key (GET only): liveness probes
+# what replaces or stops the policy: closed on a server without a key (403) unless it was
+# started with an open control plane (``relayrl serve --open-control-plane``, loopback only)
+CONTROL_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/pause_generation",
+        "/continue_generation",
+    }
+)
+CLOSED_CONTROL = (
+    "this server has no API key, so its control plane (weight loads, pause, resume, "
+    "transfer groups) is closed: start it with a key (--api-key-file FILE, $RELAYRL_API_KEY "
+    "or $RELAYRL_API_KEY_FILE; docs/security.md) and send it as 'Authorization: Bearer "
+    "<key>', or pass --open-control-plane (loopback only) to let every local user drive it"
+)
+
+
+def _proving(send, key: str, port: int, challenge: str):
+    """``send`` with the answer to a ``GET /health`` challenge added to the response's
+    headers (:func:`relayrl.runkey.health_proof`)."""
+    proof = health_proof(key, port, challenge).encode()
+
+    async def proving_send(message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [*message.get("headers", []), (PROOF_HEADER.encode(), proof)]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return proving_send
+
+
+def _challenge(scope) -> str | None:
+    """The ``GET /health`` challenge of a request (None: none, or too long to answer)."""
+    raw = dict(scope.get("headers") or []).get(CHALLENGE_HEADER.encode())
+    text = raw.decode("latin-1") if raw else None
+    return text if text and len(text) <= MAX_CHALLENGE else None
 
 
 class ApiKeyMiddleware:
     """Pure ASGI middleware: every HTTP request but ``GET /health`` needs
-    ``Authorization: Bearer <key>``."""
+    ``Authorization: Bearer <key>``; a ``GET /health`` with a challenge gets the proof that
+    this server holds the key (``x-relayrl-proof``), so a launcher can tell its own server
+    from a process squatting its port without ever sending the key."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
+        self.api_key = api_key
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] in ("http", "websocket"):
             if scope.get("method") in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS:
+                challenge = _challenge(scope)
+                if challenge is not None:
+                    port = (scope.get("server") or ("", 0))[1] or 0
+                    send = _proving(send, self.api_key, port, challenge)
                 await self.app(scope, receive, send)
                 return
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
@@ -320,8 +374,26 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
-    """The FastAPI application serving ``engine``.
+class ClosedControlMiddleware:
+    """Pure ASGI middleware of a server without a key: the :data:`CONTROL_PATHS` answer 403
+    (:data:`CLOSED_CONTROL` says how to open them); generation and reading are served."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").rstrip("/") in CONTROL_PATHS:
+            await _error(403, CLOSED_CONTROL)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    engine: Engine, api_key: str | None = None, open_control_plane: bool = True
+) -> FastAPI:
+    """The FastAPI application serving ``engine``; without ``api_key`` its control routes
+    are open only with ``open_control_plane`` (in-process use: tests, embedding; ``relayrl
+    serve`` closes them unless told otherwise, :class:`ClosedControlMiddleware`).
 
     Why over 80 lines: one short closure per endpoint over ``engine`` (FastAPI's route
     decorators on this app); split into functions they would each take the engine and the
@@ -331,6 +403,8 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware)  # inside the key check: no body read before it
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    elif not open_control_plane:
+        app.add_middleware(ClosedControlMiddleware)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
@@ -556,20 +630,29 @@ def serve(
     port: int = 30000,
     api_key: str | None = None,
     access_log: bool = False,
+    open_control_plane: bool = False,
+    sock: socket.socket | None = None,
 ):
     """Serve ``engine`` in the foreground until interrupted.
 
     ``access_log`` (off by default, as vLLM's ``--disable-log-requests``): one log line per
-    HTTP request; an RL run makes hundreds per second.
+    HTTP request; an RL run makes hundreds per second. ``sock``: an already listening socket
+    to serve on instead of binding ``host:port`` (the launcher's, inherited: no other
+    process could take the port while this one was loading the model).
     """
     import uvicorn
 
-    check_bind(host, api_key)
-    uvicorn.run(
-        create_app(engine, api_key),
+    check_bind(host, api_key, open_control_plane)
+    config = uvicorn.Config(
+        create_app(engine, api_key, open_control_plane),
         host=host,
         port=port,
         log_level="info",
         access_log=access_log,
         http=DeadlineH11Protocol,  # header and body read deadlines (relayrl.engine.limits)
     )
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=None if sock is None else [sock])
+    if not server.started:
+        raise RelayError(f"the rollout server could not start listening on {host}:{port}")

@@ -42,7 +42,7 @@ from typing import Any
 
 from relayrl.config.schema import RayConfig
 from relayrl.errors import RelayError
-from relayrl.launch.servers import PARENT_ENV, ServerLauncher, free_port
+from relayrl.launch.servers import LISTEN_FD_ENV, PARENT_ENV, ServerLauncher, reserve_port
 
 ROLE = "rollout servers"
 
@@ -200,7 +200,13 @@ class _ProcessHost:
         self.new_session = False
 
     def _launch(
-        self, argv: list[str], env: dict[str, str], log: str, log_mode: str, new_session: bool
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log: str,
+        log_mode: str,
+        new_session: bool,
+        pass_fds: tuple[int, ...] = (),
     ) -> dict[str, Any]:
         """Start ``argv`` as this actor's child (dying with it), output to ``log``; what
         ``cluster.json`` records of it."""
@@ -220,6 +226,7 @@ class _ProcessHost:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=new_session,
+                pass_fds=pass_fds,
             )
         self.new_session = new_session
         return {
@@ -256,13 +263,20 @@ class _ServerHost(_ProcessHost):
     address; the server dies with the actor (``PARENT_ENV``)."""
 
     def start(self, spec: Any, index: int, log: str, log_mode: str) -> dict[str, Any]:
+        """Bind the server's port here, then start the server on that socket (inherited, as
+        the local launcher does: no other process can take the port meanwhile); the actor
+        keeps its copy, and the port, for as long as it lives."""
         import ray
 
         host = ray.util.get_node_ip_address()
         spec = replace(spec, host=host)
-        port = free_port() if spec.port is None else spec.port + index
+        self.sock = reserve_port(host, None if spec.port is None else spec.port + index)
+        port = self.sock.getsockname()[1]
         env = dict(os.environ, **spec.environment(index))
-        info = self._launch(spec.command(port), env, log, log_mode, spec.new_session)
+        env[LISTEN_FD_ENV] = str(self.sock.fileno())
+        info = self._launch(
+            spec.command(port), env, log, log_mode, spec.new_session, (self.sock.fileno(),)
+        )
         info["server_pid"] = info.pop("pid")
         return {"url": f"http://{host}:{port}", **info}
 

@@ -12,6 +12,15 @@ of its own, and every signal goes to the whole group, so no grandchild outlives 
 ``mode="thread"`` runs the built-in HTTP server in this process (tests). A spec's ``api_key``
 (the run key, docs/security.md) reaches the child in its environment (``RELAYRL_API_KEY``),
 never in its command line, which every user of the machine can read.
+
+Ports nobody can squat (docs/security.md): the launcher binds each server's port itself
+(:func:`reserve_port`) and the child inherits the listening socket (``pass_fds``, its number
+in ``RELAYRL_LISTEN_FD``), so no other process can take the port between its choice and the
+server's start; the launcher keeps its copy until :meth:`stop`, and when a server exits the
+copy stops listening but keeps the port (:func:`unlisten`): connections to a dead server are
+refused, as before, and nobody else can bind its port while the run may still send to it.
+A keyed server is healthy only when ``GET /health`` carries the proof that it holds the key
+(:func:`health_state`, ``relayrl.runkey.health_proof``): the key is never sent to find out.
 :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a server that died (with
 the most telling line of its log); :meth:`respawn` replaces one server by a fresh process
 (the policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a
@@ -33,8 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hmac
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -51,20 +62,52 @@ from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
 from relayrl.plugins import plugin_environment
-from relayrl.runkey import API_KEY_ENV
+from relayrl.runkey import API_KEY_ENV, CHALLENGE_HEADER, PROOF_HEADER, health_proof
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
     "import sys; from relayrl.launch.servers import serve_child; serve_child(sys.argv[2])"
 )
 PARENT_ENV = "RELAYRL_SERVER_PARENT_PID"
+LISTEN_FD_ENV = "RELAYRL_LISTEN_FD"  # the inherited listening socket's fd number
 PR_SET_PDEATHSIG = 1
+BACKLOG = 2048  # uvicorn's
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def reserve_port(host: str, port: int | None) -> socket.socket:
+    """A socket listening on ``host:port`` (``port`` None: a free one), for a server process
+    to inherit. Bound by its number even when free (a port the kernel picks at bind time
+    would be given up by :func:`unlisten`); OSError if ``port`` is taken."""
+    for _ in range(32):  # a free port taken by someone else in between: pick another
+        number = free_port(host) if port is None else port
+        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        try:
+            sock.bind((host, number))
+        except OSError:
+            sock.close()
+            if port is not None:
+                raise
+            continue
+        sock.listen(BACKLOG)
+        return sock
+    raise OSError(f"no free port on {host} after 32 tries")
+
+
+def unlisten(sock: socket.socket) -> None:
+    """Stop ``sock`` listening but keep its port bound: connections are refused and no
+    other process can bind the port (Linux: SHUT_RD on a listening socket)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
 
 
 def die_with_parent(parent: int) -> None:
@@ -90,19 +133,12 @@ def serve_child(options_json: str) -> None:
         options = ServeOptions.from_json(options_json)
         # the key comes in the environment, never in argv; no grandchild inherits it
         options.api_key = os.environ.pop(API_KEY_ENV, None) or options.api_key
+        fd = os.environ.pop(LISTEN_FD_ENV, "")
+        options.listen_fd = int(fd) if fd.isdigit() else None
         sys.exit(serve_main(options))
     except RelayError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 ERROR_MARKERS = ("error", "exception", "killed", "denied")
@@ -140,6 +176,29 @@ def healthy(url: str, timeout: float = 1.0) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+UP, DOWN, UNPROVEN = "up", "down", "unproven"
+
+
+def health_state(url: str, key: str | None, timeout: float = 1.0) -> str:
+    """``GET /health`` on ``url`` with a fresh challenge: :data:`UP` if it answers 200 and,
+    when ``key`` is given, the proof that it holds ``key`` (``x-relayrl-proof``);
+    :data:`UNPROVEN` if it answers 200 without that proof (not the server the key belongs
+    to); :data:`DOWN` otherwise. The key itself is never sent."""
+    challenge = secrets.token_hex(16)
+    request = urllib.request.Request(url + "/health", headers={CHALLENGE_HEADER: challenge})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            if r.status != 200:
+                return DOWN
+            proof = r.headers.get(PROOF_HEADER) or ""
+    except OSError:
+        return DOWN
+    if key is None:
+        return UP
+    expected = health_proof(key, urlsplit(url).port or 80, challenge)
+    return UP if hmac.compare_digest(proof, expected) else UNPROVEN
 
 
 def index_of(urls: list[str], url: str) -> int:
@@ -191,6 +250,9 @@ class ServerSpec:
             port=port,
             threads=self.threads,
             engine=self.engine_options(),
+            # a spec built without a key (tests, embedding) drives its own servers' weights
+            # on loopback, as documented; every backend's spec has a key
+            open_control_plane=not self.api_key,
         )
         return [sys.executable, "-c", SERVE_SNIPPET, "serve", options.to_json()]
 
@@ -216,6 +278,11 @@ class ServerLauncher:
     _threads: list[Any] = field(default_factory=list)
     _spawner: ThreadPoolExecutor | None = None
     _spawner_lock: threading.Lock = field(default_factory=threading.Lock)
+    # every server process started and the listening socket it inherited, kept (and its
+    # port with it) until stop(); the watcher unlistens the socket of an exited server
+    _held: list[tuple[subprocess.Popen, socket.socket]] = field(default_factory=list)
+    _watcher: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> ServerLauncher:
         self.start()
@@ -250,18 +317,21 @@ class ServerLauncher:
     def _command(self, port: int) -> list[str]:
         return self.spec.command(port)
 
-    def _port(self, i: int) -> int:
-        """Server ``i``'s port: ``spec.port + i`` (RelayError if taken), else a free one."""
+    def _listen(self, i: int) -> socket.socket:
+        """Server ``i``'s listening socket: on ``spec.port + i`` (RelayError if taken), else
+        on a free port."""
+        host = self.spec.host
         if self.spec.port is None:
-            return free_port()
+            return reserve_port(host, None)
         port = self.spec.port + i
-        if port_in_use(port):
+        try:
+            return reserve_port(host, port)
+        except OSError:
             raise RelayError(
-                f"rollout server {i}: port {port} on 127.0.0.1 is in use (the {self.spec.kind} "
+                f"rollout server {i}: port {port} on {host} is in use (the {self.spec.kind} "
                 f"server's port is the configured first port {self.spec.port} + {i}); free it "
                 "or choose another port"
-            )
-        return port
+            ) from None
 
     def _start_process(self, i: int) -> None:
         proc, log, url = self._spawn(i, "w")
@@ -278,11 +348,26 @@ class ServerLauncher:
         return spawner.submit(self._popen, i, log_mode).result()
 
     def _popen(self, i: int, log_mode: str) -> tuple[subprocess.Popen, Path, str]:
-        port = self._port(i)
+        sock = self._listen(i)
+        try:
+            proc, log, url = self._popen_on(i, log_mode, sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._held.append((proc, sock))
+        self._watch_exits()
+        return proc, log, url
+
+    def _popen_on(
+        self, i: int, log_mode: str, sock: socket.socket
+    ) -> tuple[subprocess.Popen, Path, str]:
+        """Server ``i``'s process, inheriting ``sock`` (its number in ``LISTEN_FD_ENV``)."""
+        host, port = sock.getsockname()[:2]
         log = self.log_path(i)
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, **self.spec.environment(i))
         env[PARENT_ENV] = str(os.getpid())
+        env[LISTEN_FD_ENV] = str(sock.fileno())
         with open(log, log_mode) as out:
             if log_mode == "a":
                 out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
@@ -294,15 +379,49 @@ class ServerLauncher:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=self.spec.new_session,
+                pass_fds=(sock.fileno(),),
             )
-        return proc, log, f"http://127.0.0.1:{port}"
+        return proc, log, f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def _watch_exits(self) -> None:
+        """Start the thread that unlistens the socket of every server process that exits
+        (until :meth:`stop`): its port stays this run's, connections to it are refused."""
+        if self._watcher is None:
+            self._stopping.clear()
+            self._watcher = threading.Thread(
+                target=self._unlisten_exited, name="relayrl-server-ports", daemon=True
+            )
+            self._watcher.start()
+
+    def _unlisten_exited(self) -> None:
+        done: set[int] = set()
+        while not self._stopping.wait(0.1):
+            for proc, sock in list(self._held):
+                if proc.pid not in done and proc.poll() is not None:
+                    unlisten(sock)
+                    done.add(proc.pid)
+
+    def _health(self, i: int) -> str:
+        """Server ``i``'s :func:`health_state`; a keyed server must prove it holds the key."""
+        return health_state(self.urls[i], getattr(self.spec, "api_key", None))
 
     def _wait_healthy(self, indices: list[int] | None = None) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         waiting = set(range(len(self._procs)) if indices is None else indices)
         while waiting:
             self.check()
-            waiting = {i for i in waiting if not healthy(self.urls[i])}
+            states = {i: self._health(i) for i in waiting}
+            for i, state in states.items():
+                if state == UNPROVEN:
+                    raise RelayError(
+                        self.describe(
+                            i,
+                            "answered GET /health without proving that it holds the run key: "
+                            "another process is listening on its port (the key was not sent "
+                            "to it)",
+                        )
+                    )
+            waiting = {i for i, state in states.items() if state != UP}
             if waiting and time.monotonic() > deadline:
                 i = min(waiting)
                 raise RelayError(
@@ -426,6 +545,17 @@ class ServerLauncher:
                 killed, deadline = True, time.monotonic() + 5
             time.sleep(0.1)
 
+    def _release_ports(self) -> None:
+        """Stop the exit watcher and close every server's socket (their ports are free)."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
+        for _, sock in self._held:
+            unlisten(sock)
+            sock.close()
+        self._held.clear()
+
     def stop(self) -> None:
         for proc in self._procs:
             if proc.poll() is None or self.spec.new_session:
@@ -446,6 +576,7 @@ class ServerLauncher:
             spawner, self._spawner = self._spawner, None
         if spawner is not None:  # after the children are gone: its exit is their parent death
             spawner.shutdown(wait=True)
+        self._release_ports()
         for server, engine in self._threads:
             server.stop()
             engine.shutdown()

