@@ -177,24 +177,24 @@ def check_step(ctx: CheckContext) -> str:
     ctx.trainer.version = 0  # the same group once more, warm (the first step pays set-up)
     start = time.monotonic()
     ctx.trainer.train_step([ctx.group])
-    train_s = time.monotonic() - start
-    ctx.measures.update(train_s=train_s, rss_before_step=before)
-    return _step_estimate(ctx, first_s, train_s)
+    warm_s = time.monotonic() - start
+    ctx.measures.update(train_s=warm_s, rss_before_step=before)
+    return _step_estimate(ctx, first_s, warm_s)
 
 
-def _step_estimate(ctx: CheckContext, first_s: float, train_s: float) -> str:
+def _step_estimate(ctx: CheckContext, first_s: float, warm_s: float) -> str:
     config = ctx.config
     assert config is not None
     groups = config.rollout.prompts_per_step
     capped = min(config.rollout.max_new_tokens, CHECK_TOKENS)
     longer = config.rollout.max_new_tokens / capped if _hit_cap(ctx.group, capped) else 1.0
     gen = ctx.generation_s * longer * groups
-    train = train_s * longer * groups
+    train = min(first_s, warm_s) * longer * groups  # the less disturbed of the two
     step = gen + train if config.rollout.eta == 0 else max(gen, train)
     how = "generation + update at eta=0" if config.rollout.eta == 0 else "overlapped at eta>0"
     return (
         f"one group of {len(ctx.group)}: generation {ctx.generation_s:.2f} s, optimizer step "
-        f"{first_s:.2f} s (first), {train_s:.2f} s (warm); a step of {groups} groups ≤ "
+        f"{first_s:.2f} s (first), {warm_s:.2f} s (warm); a step of {groups} groups ≤ "
         f"{step:.1f} s ({how}; the groups generated one after another, which continuous "
         "batching overlaps)"
     )
@@ -225,6 +225,12 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _tree_peak(pid: int) -> int:
+    """The peaks of process ``pid`` and its descendants, summed (vLLM's server forks an
+    engine core and workers that hold the weights and the KV cache)."""
+    return _rss_bytes(pid, "VmHWM") + sum(_tree_peak(child) for child in _children(pid))
+
+
 def check_memory(ctx: CheckContext) -> str:
     """Peak memory per process, measured and extrapolated, against the machine's."""
     from relayrl.engine.model_runner import available_memory_bytes
@@ -233,7 +239,7 @@ def check_memory(ctx: CheckContext) -> str:
     assert config is not None
     trainer = _trainer_peak(ctx)
     servers = [p for p in getattr(ctx.launcher, "pids", [])]
-    server = max((_rss_bytes(p, "VmHWM") for p in servers), default=0) + _kv_bytes(ctx)
+    server = max((_tree_peak(p) for p in servers), default=0) + _kv_bytes(ctx)
     graders = [p for p in _children(os.getpid()) if p not in servers]
     grader = max((_rss_bytes(p, "VmHWM") for p in graders), default=0)
     n_servers = 0 if config.rollout.server_urls else config.rollout.num_servers
