@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import signal
 
-from relayrl.cli.common import add_overwrite_argument
 from relayrl.errors import RelayError
 from relayrl.metric_names import (
     PUBLICATIONS,
@@ -54,7 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train only, on the trajectories RUN_DIR recorded with train.dump_trajectories="
         "true (no rollout server, no grading)",
     )
-    add_overwrite_argument(parser)
     parser.add_argument(
         "--check",
         action="store_true",
@@ -103,17 +101,15 @@ def run(args: argparse.Namespace) -> int:
 
     if run_torchrun_worker(config):  # ranks 1..N-1 under torchrun: train only
         return 0
-    if args.resume is not None and args.overwrite:
-        raise RelayError("--resume continues a run and --overwrite replaces it: give one")
     interrupt_on_sigterm()
     if args.replay_from:
         from relayrl.train.run import run_replay
 
-        result = run_replay(config, args.replay_from, overwrite=args.overwrite)
+        result = run_replay(config, args.replay_from)
     else:
         from relayrl.train.run import run_train
 
-        result = run_train(config, resume=args.resume is not None, overwrite=args.overwrite)
+        result = run_train(config, resume=args.resume is not None)
     print(f"run directory: {result.run_dir}")
     print_result_lines(result)
     return 0
