@@ -197,13 +197,15 @@ def test_a_port_squatter_never_gets_the_run_key_nor_answers_for_a_server(tiny_mo
 
 # a server that the launcher started but that does not hold the key: answers /health only
 FAKE_SERVER = r"""
-import os, socket
+import os, socket, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
-server = HTTPServer(("127.0.0.1", 0), H, bind_and_activate=False)
-server.socket = socket.socket(fileno=int(os.environ["RELAYRL_LISTEN_FD"]))
+fd = os.environ.get("RELAYRL_LISTEN_FD")  # the launcher's socket, else bind the port
+server = HTTPServer(("127.0.0.1", int(sys.argv[1])), H, bind_and_activate=not fd)
+if fd:
+    server.socket = socket.socket(fileno=int(fd))
 server.serve_forever()
 """
 
@@ -213,14 +215,17 @@ class KeylessSpec(ServerSpec):
     kind = "keyless stand-in"
 
     def command(self, port: int) -> list[str]:
-        return [sys.executable, "-c", FAKE_SERVER]
+        return [sys.executable, "-c", FAKE_SERVER, str(port)]
 
 
 def test_a_server_that_cannot_prove_the_key_is_never_healthy(tmp_path):
     launcher = ServerLauncher(KeylessSpec("unused", api_key=new_key()), 1, log_dir=tmp_path)
-    with pytest.raises(RelayError, match="without proving that it holds the run key"):
-        launcher.start()
-    assert launcher.pids == []  # stopped
+    try:
+        with pytest.raises(RelayError, match="without proving that it holds the run key"):
+            launcher.start()
+        assert launcher.pids == []  # stopped
+    finally:
+        launcher.stop()
 
 
 class Relay(BaseHTTPRequestHandler):
