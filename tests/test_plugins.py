@@ -231,4 +231,4 @@ def test_processes_started_for_the_run_get_the_plugins(tmp_path, clean_env):
     assert spec.environment(0)[plugins.ENV] == expected
     os.environ[plugins.ENV] = expected
     config = load_config(None, ["train.world_size=2"])
-    assert rank_environment(config, 1, "127.0.0.1", 1234)[plugins.ENV] == expected
+    assert rank_environment(config, 1, "127.0.0.1", 1234, "s")[plugins.ENV] == expected

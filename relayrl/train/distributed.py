@@ -23,7 +23,14 @@ the other ranks, as for any error (``--resume`` continues from the last checkpoi
 whose rank 0 dies gets SIGKILL (parent-death signal) or a failed collective, and exits;
 workers ignore SIGINT/SIGTERM, so Ctrl-C stops the job through rank 0, with a checkpoint.
 
-Imports: torch.distributed, relayrl.config, relayrl.models.loading, relayrl.train.fsdp,
+Rendezvous (docs/security.md): rank 0 hosts the ranks' ``TCPStore`` on the address the
+workers reach it at only (127.0.0.1 on one host, the node's address under Ray), the ranks'
+keys live under a prefix derived from a fresh secret that reaches the workers in their
+environment (:func:`rendezvous_store`), and the store stops accepting connections once the
+group has formed (:func:`relayrl.engine.wire.relayrl_transfer_wire.stop_listening`).
+Under torchrun, torchrun's own store is used.
+
+Imports: torch.distributed, relayrl.config, relayrl.engine.wire (the store's socket), relayrl.models.loading, relayrl.train.fsdp,
 relayrl.launch.servers (free_port), relayrl.errors, relayrl.train.options.
 """
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -50,6 +58,7 @@ from relayrl.train.options import ShardingOptions, TrainerOptions
 from relayrl.train.worker_ranks import (
     BACKEND_ENV,
     PARENT_ENV,
+    SECRET_ENV,
     TIMEOUT_ENV,
     WorkerRanks,
     resolve_backend,
@@ -159,6 +168,50 @@ def check_trainer_ranks(config: RunConfig) -> None:
 
 
 # --------------------------------------------------------------------------- process group
+RENDEZVOUS_GROUP = "trainer-ranks"
+
+
+@dataclass
+class Rendezvous:
+    """The ranks' store (under the secret's prefix) and, on rank 0, its listening socket."""
+
+    store: dist.Store
+    listener: socket.socket | None = None
+
+    def close(self) -> None:
+        """The group has formed: accept no more connections (the ranks' stay)."""
+        from relayrl.engine.wire.relayrl_transfer_wire import stop_listening
+
+        listener, self.listener = self.listener, None
+        stop_listening(listener)
+
+
+def rendezvous_store(
+    address: str, port: int, rank: int, world_size: int, secret: str, timeout_s: float
+) -> Rendezvous:
+    """Rank 0 hosts (listening on ``address`` only), the others join, the store of the
+    trainer ranks; every key they write is under ``store_prefix(RENDEZVOUS_GROUP, secret)``,
+    which a client without ``secret`` cannot compute (a TCPStore cannot list its keys)."""
+    from relayrl.engine.wire.relayrl_transfer_wire import listening_socket, store_prefix
+
+    listener = None
+    kwargs: dict[str, Any] = {}
+    if rank == 0:
+        listen_fd = listening_socket(address, port)
+        listener = socket.socket(fileno=os.dup(listen_fd))
+        kwargs["master_listen_fd"] = listen_fd
+    store = dist.TCPStore(
+        address,
+        port,
+        world_size,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        **kwargs,
+    )
+    return Rendezvous(dist.PrefixStore(store_prefix(RENDEZVOUS_GROUP, secret), store), listener)
+
+
 def _device_for(config: RunConfig, backend: str, local_rank: int) -> str:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -194,17 +247,15 @@ def _build_rank(config: RunConfig, model_dir: str, pad_id: int, device: str, bac
     )
 
 
-def _init_rank0(config: RunConfig, backend: str, workers: WorkerRanks, port: int | None) -> None:
+def _init_rank0(
+    config: RunConfig, backend: str, workers: WorkerRanks, rendezvous: Rendezvous | None
+) -> None:
     """``init_process_group`` on rank 0, failing fast (naming the rank) if a worker dies
     before joining instead of waiting ``train.dist_timeout_s``."""
     timeout = datetime.timedelta(seconds=config.train.dist_timeout_s)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
-    if port is not None:
-        kwargs.update(
-            init_method=f"tcp://{workers.master_addr}:{port}",
-            rank=0,
-            world_size=config.train.world_size,
-        )
+    if rendezvous is not None:
+        kwargs.update(store=rendezvous.store, rank=0, world_size=config.train.world_size)
     errors: list[BaseException] = []
 
     def init() -> None:
@@ -352,16 +403,25 @@ def make_trainer(
     backend = resolve_backend(config)
     under_torchrun = torchrun_rank() is not None
     port = None if under_torchrun else (config.train.master_port or free_port())
+    secret = secrets.token_urlsafe(32)
     if under_torchrun:
         workers = WorkerRanks({}, {}, log_dir)
     elif config.launcher == "ray":  # ranks 1..N-1 as Ray actors (docs/cluster.md)
         from relayrl.train.ray_ranks import RayWorkerRanks
 
-        workers = RayWorkerRanks.spawn(config, port, log_dir)
+        workers = RayWorkerRanks.spawn(config, port, log_dir, secret)
     else:
-        workers = WorkerRanks.spawn(config, port, log_dir)
+        workers = WorkerRanks.spawn(config, port, log_dir, secret)
+    rendezvous = None
     try:
-        _init_rank0(config, backend, workers, port)
+        if port is not None:
+            rendezvous = rendezvous_store(
+                workers.master_addr, port, 0, config.train.world_size, secret,
+                config.train.dist_timeout_s,
+            )  # fmt: skip
+        _init_rank0(config, backend, workers, rendezvous)
+        if rendezvous is not None:
+            rendezvous.close()  # formed: every rank is connected, nobody else may be
         control = _control_group(backend)
         setup = {"config": config.model_dump(mode="json"), "model_dir": str(model_dir)}
         dist.broadcast_object_list([(setup, pad_id)], src=0, group=control)
@@ -370,6 +430,8 @@ def make_trainer(
         local = _build_rank(config, str(model_dir), pad_id, device, backend)
         return TrainerGroup(local, replica, workers, control)
     except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         for proc in workers.procs.values():
@@ -411,6 +473,21 @@ def _follow_rank0(parent: int) -> None:
         os._exit(1)
 
 
+def _init_worker(rank: int, backend: str, timeout_s: float) -> None:
+    """Join rank 0's store under the secret (rank 0 started us), else torchrun's (env://)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    secret = os.environ.pop(SECRET_ENV, None)
+    if secret is None:
+        dist.init_process_group(backend=backend, timeout=timeout)
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = rendezvous_store(address, port, rank, world_size, secret, timeout_s).store
+    dist.init_process_group(
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+    )
+
+
 def worker_main() -> None:
     """A worker rank: join the group, build the rank's trainer from rank 0's setup message,
     then run rank 0's commands until told to stop. Exits 1 on any error (logged)."""
@@ -421,8 +498,8 @@ def worker_main() -> None:
     rank = int(os.environ["RANK"])
     backend = os.environ.get(BACKEND_ENV, "gloo")
     try:
-        timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "600")))
-        dist.init_process_group(backend=backend, timeout=timeout)
+        timeout_s = float(os.environ.get(TIMEOUT_ENV, "600"))
+        _init_worker(rank, backend, timeout_s)
         control = _control_group(backend)
         setup, pad_id = _receive(control)
         load_plugins_from_env()  # the config's own plugins are imported by its validation

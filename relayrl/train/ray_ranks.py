@@ -61,7 +61,7 @@ class RayWorkerRanks(WorkerRanks):
         self.group = group
 
     @classmethod
-    def spawn(cls, config: RunConfig, port: int, log_dir: Path) -> RayWorkerRanks:
+    def spawn(cls, config: RunConfig, port: int, log_dir: Path, secret: str) -> RayWorkerRanks:
         import ray
 
         connect(config.ray)
@@ -76,14 +76,14 @@ class RayWorkerRanks(WorkerRanks):
                 "lower train.world_size / train.trainer_threads or add nodes",
             )
             for rank in range(1, config.train.world_size):
-                ranks._start(config, rank, port)
+                ranks._start(config, rank, port, secret)
             ranks._write_cluster_file()
         except BaseException:
             ranks.stop(timeout_s=0)
             raise
         return ranks
 
-    def _start(self, config: RunConfig, rank: int, port: int) -> None:
+    def _start(self, config: RunConfig, rank: int, port: int, secret: str) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -99,7 +99,7 @@ class RayWorkerRanks(WorkerRanks):
             )
             .remote()
         )
-        env = rank_environment(config, rank, self.master_addr, port)
+        env = rank_environment(config, rank, self.master_addr, port, secret)
         env["LOCAL_RANK"] = "0"  # Ray gives the actor its GPU as the only visible one
         log = self.run_dir / f"trainer-rank{rank}.log"
         ref = actor.start.remote([sys.executable, "-c", WORKER_SNIPPET], env, str(log))

@@ -27,6 +27,8 @@ WORKER_SNIPPET = "from relayrl.train.distributed import worker_main; worker_main
 PARENT_ENV = "RELAYRL_TRAINER_PARENT_PID"
 BACKEND_ENV = "RELAYRL_TRAINER_BACKEND"
 TIMEOUT_ENV = "RELAYRL_DIST_TIMEOUT_S"
+# the rendezvous secret: the ranks' keys in rank 0's store live under a prefix derived from it
+SECRET_ENV = "RELAYRL_RENDEZVOUS_SECRET"
 
 
 def resolve_backend(config: RunConfig) -> str:
@@ -37,10 +39,14 @@ def resolve_backend(config: RunConfig) -> str:
     return backend
 
 
-def rank_environment(config: RunConfig, rank: int, master_addr: str, port: int) -> dict[str, str]:
-    """What worker rank ``rank`` needs to join rank 0 at ``master_addr:port`` (a subprocess
-    or a Ray actor's child; ``PARENT_ENV`` is set by whoever starts it)."""
+def rank_environment(
+    config: RunConfig, rank: int, master_addr: str, port: int, secret: str
+) -> dict[str, str]:
+    """What worker rank ``rank`` needs to join rank 0 at ``master_addr:port`` with the
+    rendezvous ``secret`` (in the environment, never on a command line; a subprocess or a
+    Ray actor's child; ``PARENT_ENV`` is set by whoever starts it)."""
     return {
+        SECRET_ENV: secret,
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(config.train.world_size),
@@ -63,12 +69,12 @@ class WorkerRanks:
         self.procs, self.logs, self.run_dir = procs, logs, run_dir
 
     @classmethod
-    def spawn(cls, config: RunConfig, port: int, log_dir: Path) -> WorkerRanks:
+    def spawn(cls, config: RunConfig, port: int, log_dir: Path, secret: str) -> WorkerRanks:
         procs, logs = {}, {}
         for rank in range(1, config.train.world_size):
             env = {
                 **os.environ,
-                **rank_environment(config, rank, cls.master_addr, port),
+                **rank_environment(config, rank, cls.master_addr, port, secret),
                 PARENT_ENV: str(os.getpid()),
             }
             logs[rank] = log_dir / f"trainer-rank{rank}.log"

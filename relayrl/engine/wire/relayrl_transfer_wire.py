@@ -13,8 +13,9 @@ The group never touches torch.distributed's default group: it is a ``ProcessGrou
 directly over its own ``TCPStore`` (rank 0 hosts it) under a ``PrefixStore`` named after the
 group, so the trainer can be an FSDP program with a default group of its own, and a group can
 be re-formed under a new name (after a server restart) without tearing anything else down.
-The store listens on the group's interface only (loopback for a single-host group), and the
-group's keys live under a prefix derived from the run's secret (:func:`store_prefix`).
+The store listens on the group's interface only (loopback for a single-host group), only
+while the group forms (:func:`stop_listening`), and the group's keys live under a prefix
+derived from the run's secret (:func:`store_prefix`).
 Tensors travel in buckets (:func:`buckets`: consecutive tensors of one dtype flattened into
 one buffer of up to 64 MiB), one broadcast each: a model of hundreds of small tensors costs a
 few collectives, not hundreds. Every collective runs under the group's timeout: a peer that
@@ -28,6 +29,7 @@ import datetime
 import hashlib
 import hmac
 import math
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +133,18 @@ def listening_socket(address: str, port: int) -> int:
     return sock.detach()
 
 
+def stop_listening(listener: socket.socket | None) -> None:
+    """End a store's rendezvous: its listening socket accepts no more connections (the
+    members' connections stay); an anonymous client can no longer reach the store."""
+    if listener is None:
+        return
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # never listened, or already shut
+    listener.close()
+
+
 @dataclass
 class WireGroup:
     """One member (``rank``) of the transfer group ``name`` of ``world_size`` ranks. A join
@@ -163,8 +177,11 @@ class WireGroup:
         (:func:`store_prefix`), which a process without the secret cannot guess."""
         timeout = datetime.timedelta(seconds=timeout_s)
         store: dist.TCPStore | None = None
+        listener: socket.socket | None = None
         try:
             listen_fd = listening_socket(master_address, master_port) if rank == 0 else None
+            if listen_fd is not None:  # a handle of our own, to stop listening once formed
+                listener = socket.socket(fileno=os.dup(listen_fd))
             store = dist.TCPStore(
                 master_address,
                 master_port,
@@ -178,6 +195,7 @@ class WireGroup:
                 dist.PrefixStore(store_prefix(name, secret), store), rank, world_size, timeout
             )
         except (RuntimeError, OSError, dist.DistError) as exc:
+            stop_listening(listener)
             # the error's traceback keeps this frame alive: drop the store from it, so that
             # rank 0 stops listening now (see :meth:`close`), not when the error is collected
             store = None
@@ -185,6 +203,7 @@ class WireGroup:
                 f"weight-transfer group {name!r}: rank {rank} of {world_size} could not join "
                 f"via {master_address}:{master_port} within {timeout_s:g}s: {exc}"
             ) from exc
+        stop_listening(listener)  # formed: every member is connected, nobody else may be
         return cls(name, rank, world_size, timeout_s, store, pg)
 
     def _group(self) -> dist.ProcessGroupGloo:
