@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -76,12 +77,44 @@ def connect(cfg: RayConfig) -> None:
         problem = version_mismatch(metadata, *driver_versions())
         if problem:
             raise RelayError(f"ray.address={cfg.address!r} ({address}): {problem}")
+    if address is None:
+        private_ray_token()  # before Ray writes one world-readable
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         what = "start a local Ray cluster" if address is None else f"connect to {address!r}"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RelayError(f"ray.address={cfg.address!r}: could not {what}: {first}") from exc
+    private_ray_token()
+
+
+RAY_TOKEN = Path("~/.ray/auth_token")  # Ray's token-authentication secret (Ray ≥ 2.5x)
+
+
+def private_ray_token() -> None:
+    """Ray's auth token readable by this user only: Ray writes ``~/.ray/auth_token`` with
+    the umask (0644: another user holding it had full access to the cluster's object
+    store). A local cluster's token is created here first, 0600, as Ray would make it (Ray
+    keeps an existing file's mode); an existing one of ours is made 0600; ``~/.ray`` 0700."""
+    token = RAY_TOKEN.expanduser()
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "disabled" and not token.exists():
+        try:
+            from ray._private.authentication.authentication_token_generator import (
+                generate_new_authentication_token,
+            )
+        except ImportError:  # a Ray without token authentication
+            return
+        token.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(generate_new_authentication_token())
+    for path, mode in ((token.parent, 0o700), (token, 0o600)):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == os.geteuid() and not stat.S_ISLNK(info.st_mode):
+            os.chmod(path, mode)
 
 
 def resolve_address(address: str) -> str:

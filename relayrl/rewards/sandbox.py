@@ -519,8 +519,26 @@ def python_argv(script: str, *args: str) -> list[str]:
 
 def _registry_dir() -> Path:
     """Where each live run's uid is registered (root only): one file per uid naming the
-    process that owns the run; :func:`kill_orphaned_sandboxes` kills only these uids."""
-    return Path(tempfile.gettempdir()) / "relayrl-sandbox-uids"
+    process that owns the run; :func:`kill_orphaned_sandboxes` kills only these uids.
+
+    Under a directory only this user can create entries in, never at a fixed name in a
+    shared one (another user who pre-created ``/tmp/relayrl-sandbox-uids`` blocked every
+    code grade): ``/run`` (root's, a tmpfs: registrations end with the boot), else
+    ``$XDG_RUNTIME_DIR``, else ``~/.cache``."""
+    for parent in (Path("/run"), Path(os.environ.get("XDG_RUNTIME_DIR") or "/nonexistent")):
+        if _private_parent(parent):
+            return parent / f"relayrl-sandbox-uids-{os.geteuid()}"
+    return Path.home() / ".cache" / "relayrl" / "sandbox-uids"
+
+
+def _private_parent(directory: Path) -> bool:
+    """A directory of ours (or root's) that no other user may create names in."""
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return False
+    owner_ok = info.st_uid in (0, os.geteuid())
+    return owner_ok and not info.st_mode & 0o022 and os.access(directory, os.W_OK)
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -544,6 +562,7 @@ def _registry_is_ours(directory: Path) -> bool:
 
 def _register(uid: int, base: Path) -> None:
     directory = _registry_dir()
+    directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=0o700)
     if not _registry_is_ours(directory):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from relayrl.config.schema import RunConfig
 from relayrl.rewards import sandbox
 from relayrl.rewards.code import probe_code_grading
 from relayrl.rewards.pool import GradingPool
-from relayrl.rewards.sandbox import SandboxUnavailable, probe_sandbox
+from relayrl.rewards.sandbox import SandboxUnavailable, probe_sandbox, python_argv, run_sandboxed
 from relayrl.tasks.base import Problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,8 +270,13 @@ def test_a_finished_run_leaves_no_registration(backend: str) -> None:
     assert ours == []
 
 
-def test_a_planted_registry_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another user's (here: world-writable) registry directory is neither read nor used."""
+def test_a_planted_registry_is_ignored_and_code_is_still_graded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's registry directory at the old fixed name in the shared temp directory
+    (``$TMPDIR/relayrl-sandbox-uids``, here world-writable and owned by ``nobody``) is
+    neither read nor used, and no longer blocks the sandbox: the registry lives in a
+    directory only this user can create names in."""
     if os.geteuid() != 0:
         pytest.skip("sandbox uids exist only when the sandbox runs as root")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -279,7 +285,15 @@ def test_a_planted_registry_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
     planted.mkdir(mode=0o777)
     planted.chmod(0o777)
     (planted / str(sandbox.BASE_UID + 100_000)).write_text(json.dumps({"pid": 1, "start": "x"}))
-    assert sandbox.registered_uids() == {}
-    assert sandbox.kill_orphaned_sandboxes() == []
-    with pytest.raises(SandboxUnavailable, match="must be a directory of mode 0700"):
-        sandbox._register(sandbox.BASE_UID + 1, tmp_path)
+    os.chown(planted, 65534, 65534)
+    assert sandbox._registry_dir() != planted
+    assert sandbox.BASE_UID + 100_000 not in sandbox.registered_uids()
+    uid = sandbox.BASE_UID + 1
+    sandbox._register(uid, tmp_path)
+    try:
+        assert sandbox.registered_uids()[uid]["pid"] == os.getpid()
+        assert stat.S_IMODE(sandbox._registry_dir().stat().st_mode) == 0o700
+    finally:
+        sandbox._unregister(uid)
+    result = run_sandboxed(python_argv("p.py"), {"p.py": "print('graded')"})
+    assert result.returncode == 0 and result.stdout.strip() == b"graded", result

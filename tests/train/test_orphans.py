@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from relayrl.config.loader import load_config
 from relayrl.train.resume import remove_orphaned_dirs
 from relayrl.train.run.publication import weights_root
@@ -64,3 +66,19 @@ def test_weights_root_removes_orphans_then_makes_this_runs_directory(tmp_path):
     assert root.parent == base and root.is_dir()
     assert root.name.startswith(f"{PREFIX}{os.getpid()}-")
     assert remove_orphaned_dirs(base, PREFIX) == []  # the live run's own directory stays
+
+
+def test_another_users_dead_run_directory_is_left_alone(tmp_path):
+    """A shared /dev/shm holds every user's published weights: a dead-pid directory that
+    another user created is theirs to remove (root deleted it before), and so is a link."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can create a directory owned by another user here")
+    pid = dead_pid()
+    theirs = make(tmp_path, f"{PREFIX}{pid}-abcd1234")
+    (theirs / "model.safetensors").write_text("their weights")
+    os.chown(theirs, 65534, 65534)
+    target = make(tmp_path, "elsewhere")
+    (tmp_path / f"{PREFIX}{pid}-linkto12").symlink_to(target)
+    ours = make(tmp_path, f"{PREFIX}{pid}-efgh5678")
+    assert remove_orphaned_dirs(tmp_path, PREFIX) == [ours]
+    assert (theirs / "model.safetensors").exists() and target.is_dir()
