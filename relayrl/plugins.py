@@ -80,11 +80,29 @@ def _import(resolved: str) -> ModuleType:
             raise _error(
                 resolved, "no such module (expected an importable module name or a .py path)"
             ) from None
-        raise _error(resolved, f"import failed: {exc}\n{traceback.format_exc()}") from exc
+        raise _error(resolved, f"import failed: {exc}{_where(exc)}") from exc
+    except SyntaxError as exc:
+        at = f"{exc.filename}:{exc.lineno}: " if exc.filename and exc.lineno else ""
+        raise _error(resolved, f"{at}syntax error: {exc.msg}") from exc
     except Exception as exc:
         if type(exc).__name__ == "RelayError":
             raise
-        raise _error(resolved, f"import failed: {exc}\n{traceback.format_exc()}") from exc
+        raise _error(resolved, f"import failed: {exc}{_where(exc)}") from exc
+
+
+def _where(exc: BaseException) -> str:
+    """`` (TYPE at FILE:LINE in FUNCTION)`` of the innermost frame that raised (the
+    last frame outside Python's import machinery), so that one line names the place; the
+    whole traceback is ``--debug``'s."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen") and f.filename != __file__
+    ]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" ({type(exc).__name__} at {last.filename}:{last.lineno} in {last.name})"
 
 
 def load_plugins(specs: list[str] | tuple[str, ...] | None) -> list[str]:

@@ -21,6 +21,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_required: bool 
     )
 
 
+def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
+    """``--overwrite``: a run directory that already holds a run is an error without it."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run of the same name (<output_dir>/<name>); without it "
+        "that is an error and the earlier run is left untouched",
+    )
+
+
 def load_run_config(args: argparse.Namespace):
     from relayrl.config.loader import load_config
 

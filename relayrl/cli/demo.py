@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 
 from relayrl.cli import train
-from relayrl.cli.common import add_config_arguments, load_run_config
+from relayrl.cli.common import add_config_arguments, add_overwrite_argument, load_run_config
 
 HELP = "SFT warm start + asynchronous RL on the default config (what `make demo` runs)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, config_required=False)
+    add_overwrite_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from relayrl.report.build import build_report
     from relayrl.train.run import run_train
 
-    result = run_train(config)
+    result = run_train(config, overwrite=args.overwrite)
     report = build_report(result.run_dir)
     print(f"run directory: {result.run_dir}")
     print(f"report: {report.html_path}")

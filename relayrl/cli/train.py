@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from relayrl.cli.common import add_overwrite_argument
 from relayrl.errors import RelayError
 from relayrl.metric_names import (
     PUBLICATIONS,
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train only, on the trajectories RUN_DIR recorded with train.dump_trajectories="
         "true (no rollout server, no grading)",
     )
+    add_overwrite_argument(parser)
     parser.add_argument(
         "--check",
         action="store_true",
@@ -96,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         from relayrl.cli.check import run_preflight
 
         return run_preflight(args, lambda plugins: _config(args, plugins))
+    if args.resume is not None and args.overwrite:
+        raise RelayError("--resume continues a run and --overwrite replaces it: give one")
     config = _config(args)
     from relayrl.train.distributed import run_torchrun_worker
 
@@ -105,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
     if args.replay_from:
         from relayrl.train.run import run_replay
 
-        result = run_replay(config, args.replay_from)
+        result = run_replay(config, args.replay_from, overwrite=args.overwrite)
     else:
         from relayrl.train.run import run_train
 
-        result = run_train(config, resume=args.resume is not None)
+        result = run_train(config, resume=args.resume is not None, overwrite=args.overwrite)
     print(f"run directory: {result.run_dir}")
     print_result_lines(result)
     return 0

@@ -135,6 +135,20 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def _config_text(p: Path) -> str:
+    """The file's text: one error line for a file that cannot be read or is not UTF-8."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise RelayError(
+            f"{p}:{line}: config file is not UTF-8 text (byte {exc.object[exc.start]:#x}); "
+            "expected a YAML file"
+        ) from None
+    except OSError as exc:
+        raise RelayError(f"cannot read config file '{p}': {exc.strerror or exc}") from None
+
+
 def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
     p = Path(path)
     if not p.is_file():
@@ -145,7 +159,7 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
             f"config file '{p}' is {p.stat().st_size} bytes; a run config is at most "
             f"{MAX_CONFIG_BYTES} (is it the right file?)"
         )
-    text = p.read_text()
+    text = _config_text(p)
     try:
         data = load_yaml(text)
         lines = _key_lines(text)
@@ -215,17 +229,24 @@ def _field_annotation(loc: tuple) -> Any:
     return annotation
 
 
+def _error_text(err: dict, where) -> str:
+    """One validation error: the key, its value and what was expected; a check across
+    keys (a validator of a section or of the whole config) is its own message, which
+    names the keys."""
+    loc = tuple(p for p in err["loc"] if isinstance(p, str))
+    dotted = ".".join(loc)
+    annotation = _field_annotation(loc)
+    if err["type"] == "value_error" and (not loc or _section_class(annotation) is not None):
+        error = (err.get("ctx") or {}).get("error")
+        return f"{where(dotted)}{error if error is not None else err['msg']}"
+    return (
+        f"{where(dotted)}config key '{dotted}' = {err.get('input')!r} is invalid: "
+        f"{err['msg']} (expected {_describe(annotation)})"
+    )
+
+
 def _validation_message(exc: ValidationError, where) -> str:
-    messages = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if isinstance(p, str))
-        dotted = ".".join(loc)
-        expected = _describe(_field_annotation(loc))
-        messages.append(
-            f"{where(dotted)}config key '{dotted}' = {err.get('input')!r} is invalid: "
-            f"{err['msg']} (expected {expected})"
-        )
-    return "\n".join(messages)
+    return "\n".join(_error_text(err, where) for err in exc.errors())
 
 
 def load_config(
@@ -244,6 +265,8 @@ def load_config(
     def where(dotted: str) -> str:
         if dotted in override_keys:
             return f"override '{dotted}': "
+        if not dotted and override_keys and path is None:
+            return "overrides: "
         if path is not None:
             line = lines.get(dotted)
             return f"{path}:{line}: " if line else f"{path}: "
@@ -262,7 +285,8 @@ def load_config(
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise RelayError(_validation_message(exc, where)) from None
-    if resolve_model and is_gguf_spec(config.model.path):  # a .gguf or pkg:NAME: its cached model directory
+    # a .gguf or pkg:NAME: its cached model directory
+    if resolve_model and is_gguf_spec(config.model.path):
         key = f"{where('model.path')}model.path"
         config.model.path = resolve_model_path(config.model.path, key=key)
     return config
@@ -276,6 +300,37 @@ def _nest(key: str, value: Any) -> dict:
 
 def save_config(config: RunConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+# what a run leaves in its directory: one of these there means a run (started or done)
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "train_summary.json",
+    "sft_summary.json",
+    "checkpoints",
+)
+
+
+def run_dir_of(config: RunConfig) -> Path:
+    """``<output_dir>/<name>``."""
+    return Path(config.output_dir) / config.name
+
+
+def claim_run_dir(run_dir: Path, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse to start a fresh run in ``run_dir`` when an earlier run is there, unless
+    ``overwrite`` (``--overwrite``) or ``resume`` (``--resume``, which continues it).
+    Touches nothing: call it after the new run's inputs validated, before anything is
+    written into the directory."""
+    if resume or overwrite or not run_dir.is_dir():
+        return
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if found:
+        raise RelayError(
+            f"run directory {str(run_dir)!r} already holds a run ({', '.join(found)}); "
+            "nothing in it was changed. Continue it with --resume, replace it with "
+            "--overwrite, or choose another name= / output_dir="
+        )
 
 
 def prepare_run_dir(config: RunConfig) -> Path:

@@ -527,6 +527,18 @@ class AlgoConfig(Section):
         advantage_estimator(name)
         return name
 
+    @model_validator(mode="after")
+    def _correction_needs_a_weighted_loss(self) -> AlgoConfig:
+        """algo.is_level corrects the behaviour weight π_prox/μ: a loss without one
+        (cispo, ppo, ...) cannot take it (the trainer's LossConfig refuses it too)."""
+        if self.is_level != "none" and not loss_class(self.loss).uses_behaviour_weight:
+            raise ValueError(
+                f"algo.is_level={self.is_level!r} corrects the behaviour weight π_prox/μ, "
+                f"which algo.loss={self.loss!r} does not use; set algo.is_level=none or a "
+                "loss that weights by it (e.g. decoupled)"
+            )
+        return self
+
 
 class OptimConfig(Section):
     lr: float = Field(3e-4, gt=0, description="peak learning rate (AdamW)")

@@ -9,20 +9,31 @@ from pathlib import Path
 from relayrl.errors import RelayError
 
 
-def check_model_dir(path: str | Path) -> Path:
-    """Raise a clear error unless ``path`` is a Hugging Face model directory."""
+def check_model_dir(path: str | Path, key: str | None = None) -> Path:
+    """Raise a clear error unless ``path`` is a Hugging Face model directory; ``key`` (e.g.
+    ``model.path``) is named first in the message."""
     p = Path(path)
+    named = f"{key}: " if key else ""
     if not p.is_dir():
         raise RelayError(
-            f"model path {str(p)!r} is not a directory; expected a Hugging Face "
+            f"{named}model path {str(p)!r} is not a directory; expected a Hugging Face "
             "model directory (config.json + weights)"
         )
     if not (p / "config.json").is_file():
         raise RelayError(
-            f"model path {str(p)!r} has no config.json; expected a Hugging Face "
+            f"{named}model path {str(p)!r} has no config.json; expected a Hugging Face "
             "model directory (config.json + weights)"
         )
     return p
+
+
+def check_prompt_template(tokenizer, system_prompt: str | None) -> None:
+    """Render one prompt through ``tokenizer`` as every run does: a chat
+    template that refuses ``model.system_prompt`` is a RelayError naming the key here,
+    before any process starts, not in the middle of a run."""
+    if not system_prompt:
+        return
+    prompt_text(tokenizer, "1 + 1 = ?", system_prompt)
 
 
 def load_tokenizer(path: str | Path):

@@ -302,12 +302,18 @@ class RolloutController:
         return limit <= 0 or (len(self._running) + 1) * self.opt.n_samples <= limit
 
     async def _admission_loop(self) -> None:
+        """Admit while the bound allows. An error here (a prompt that cannot be encoded, a
+        broken prompt source) fails the run: a dead admission task would otherwise leave
+        :meth:`next_batch` waiting forever for groups that are never admitted."""
         assert self._admit_wake is not None
-        while True:
-            self._admit_wake.clear()
-            while self.can_admit():
-                self._admit_one()
-            await self._admit_wake.wait()
+        try:
+            while True:
+                self._admit_wake.clear()
+                while self.can_admit():
+                    self._admit_one()
+                await self._admit_wake.wait()
+        except Exception as exc:  # noqa: BLE001 - handed to the loop, never swallowed
+            self.fail(exc)
 
     def _admit_one(self) -> None:
         group = self._admit_group()

@@ -139,11 +139,18 @@ def _spec(name: str) -> DatasetSpec:
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based line number, row) for each non-blank line; bad JSON raises with the line."""
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise RelayError(f"cannot read {path}: {exc.strerror or exc}") from exc
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RelayError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#x} at column "
+                    f"{exc.start + 1}); expected one JSON object per line"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -164,7 +171,11 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise RelayError(f"reading {path} needs pyarrow: pip install pyarrow") from exc
-    yield from enumerate(pq.read_table(path).to_pylist(), 1)
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise RelayError(f"{path}: not a readable parquet file ({exc})") from None
+    yield from enumerate(table.to_pylist(), 1)
 
 
 ROLE_KEYS = {"id": "id_field", "prompt": "prompt_field", "answer": "answer_field"}

@@ -210,11 +210,13 @@ def demonstration_task(config: RunConfig) -> SyntheticTask:
     return make_task(config.task.name, params)
 
 
-def run_sft(config: RunConfig, progress: bool = True) -> float:
+def run_sft(config: RunConfig, progress: bool = True, overwrite: bool = True) -> float:
     """The `relayrl sft` job: build (or load) the model, SFT it, evaluate, return pass@1.
 
     Writes ``<run>/sft_model`` (a Hugging Face directory), ``<run>/sft_eval.jsonl`` and
-    ``<run>/sft_summary.json``.
+    ``<run>/sft_summary.json``, after ``model.path`` and its chat template are checked;
+    ``overwrite=False`` (the CLI without ``--overwrite``): an earlier run under the same
+    name is an error.
     """
     import json
 
@@ -228,8 +230,11 @@ def run_sft(config: RunConfig, progress: bool = True) -> float:
     torch.set_num_threads(config.runtime.threads)
     quiet_libraries()  # no "Writing model shards" bar under the SFT progress bar
     task = make_task(config.task.name, config.task.params)
-    from relayrl.config.loader import prepare_run_dir
+    from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
+    from relayrl.train.run.start import check_model
 
+    check_model(config)
+    claim_run_dir(run_dir_of(config), overwrite=overwrite)
     run_dir = prepare_run_dir(config)
     if config.model.path:
         model = load_model(config.model.path, config.model.device, config.model.dtype)

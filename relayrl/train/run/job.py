@@ -9,8 +9,8 @@ servers and trains on :class:`~relayrl.train.run.live.LiveSource`; lag emulation
 :class:`~relayrl.rewards.pool.GradingPool`. With ``train.world_size`` N > 1 the trainer is
 rank 0 of N data-parallel ranks (``relayrl.train.distributed``), with the same interface.
 
-Imports: config, errors, the launch layer's backends, the rewards pool, the loggers' and
-ranks' checks, relayrl.train.resume (run start) and the run package.
+Imports: config, errors, the launch layer's backends, the rewards pool, relayrl.train.resume
+(run start) and the run package (its input checks: ``start``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ import shutil
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
-from relayrl.eval.sets import default_datasets
 from relayrl.launch.backends import make_backend
 from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.rewards.pool import Grader, GradingPool
-from relayrl.train.distributed import check_trainer_ranks
-from relayrl.train.loggers import check_loggers
 from relayrl.train.resume import begin_run
 from relayrl.train.run.lagged import LaggedSource
 from relayrl.train.run.live import LiveSource
@@ -35,10 +32,11 @@ from relayrl.train.run.publication import weights_root
 from relayrl.train.run.setup import (
     RunSetup,
     TrainResult,
+    planned_model_dir,
     resolve_model_dir,
-    train_problems,
     with_progress,
 )
+from relayrl.train.run.start import check_run_inputs
 
 
 def run_train(
@@ -46,6 +44,7 @@ def run_train(
     progress: bool | None = None,
     grader: Grader | None = None,
     resume: bool = False,
+    overwrite: bool = True,
 ) -> TrainResult:
     """The `relayrl train` job; see the module docstring. Returns the final evaluation.
 
@@ -53,8 +52,11 @@ def run_train(
     rewards (a module-level function: it runs in spawned grading processes). ``resume``:
     continue the run in ``<output_dir>/<name>`` from its newest good checkpoint (see
     ``relayrl.train.resume.resume_config`` for loading that run's config).
+    ``overwrite=False`` (the CLI without ``--overwrite``): an earlier run under the same
+    name is an error. Either way nothing is written into the run directory before every
+    input is checked (:func:`relayrl.train.run.start.check_run_inputs`).
     """
-    from relayrl.config.loader import prepare_run_dir
+    from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
     from relayrl.rewards.sandbox import configure_sandbox
 
     config = with_progress(config, progress)
@@ -64,16 +66,13 @@ def run_train(
             f"rollout.lag={config.rollout.lag} runs cannot be resumed: the weight snapshots "
             "they generate from are kept in memory only; start the run again"
         )
+    check_run_inputs(config)  # model, template, datasets, loggers, ranks: nothing written yet
+    claim_run_dir(run_dir_of(config), resume=resume, overwrite=overwrite)
+    backend = make_backend(config, planned_model_dir(config))
+    launcher = None if lagged else backend.launcher(run_dir_of(config))  # checks its env
     model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
     run_dir = prepare_run_dir(config)
     checkpoint = begin_run(run_dir, config, resume)
-    if config.rollout.dataset:  # fail on a bad dataset before starting any process
-        train_problems(config, None)
-        default_datasets(config)  # and on one without a held-out set
-    check_loggers(config)  # and on a logger whose package is missing
-    check_trainer_ranks(config)  # and on a world size this machine cannot run
-    backend = make_backend(config, model_dir)
-    launcher = None if lagged else backend.launcher(run_dir)  # checks the backend's env first
     configure_sandbox(config.sandbox.allow_unisolated)
     teacher = teacher_launcher(config, run_dir)  # on-policy distillation's teacher server
     with contextlib.ExitStack() as teardown:  # in reverse: weights, setup, servers, pool

@@ -166,15 +166,19 @@ class RecordedSource:
         return {}
 
 
-def run_replay(config: RunConfig, source: str | Path, progress: bool | None = None) -> TrainResult:
+def run_replay(
+    config: RunConfig, source: str | Path, progress: bool | None = None, overwrite: bool = True
+) -> TrainResult:
     """Train on the trajectories recorded in ``source``; see the module docstring.
 
     Replays ``min(train.total_steps, recorded steps)`` steps and writes its own run
     directory (``<output_dir>/<name>``, or ``<name>-replay`` when that is ``source``). A
     replay has no rollout servers: it evaluates in this process whatever ``eval.backend``
     says (with the same seed, what the built-in servers' evaluation gives, docs/engine.md).
+    ``overwrite=False``: an earlier run in that directory is an error.
     """
-    from relayrl.config.loader import prepare_run_dir
+    from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
+    from relayrl.train.run.start import check_model
 
     source = Path(source)
     config = with_progress(config, progress)
@@ -182,6 +186,8 @@ def run_replay(config: RunConfig, source: str | Path, progress: bool | None = No
     config = replay_config(config, source)
     check_staleness(steps, config.rollout.eta_bound)
     check_loggers(config)
+    check_model(config)
+    claim_run_dir(run_dir_of(config), overwrite=overwrite)
     for line in config_differences(config, source):
         print(f"replay differs from the recorded run: {line}", flush=True)
     with process_settings(config):

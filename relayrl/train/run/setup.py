@@ -55,20 +55,28 @@ def train_problems(config: RunConfig, task: SyntheticTask | None) -> list[Proble
     return task.problems("train", config.task.train_size, config.task.seed)
 
 
+def planned_model_dir(config: RunConfig) -> Path:
+    """Where the run's initial policy is (or will be, once SFT wrote it):
+    :func:`resolve_model_dir`'s answer, without running anything."""
+    if config.model.path:
+        return Path(config.model.path)
+    return Path(config.output_dir) / config.name / "sft_model"
+
+
 def resolve_model_dir(config: RunConfig, progress: bool, reuse_sft: bool = False) -> Path:
     """``model.path``, or the SFT warm start written to ``<run>/sft_model`` (reused when
     ``reuse_sft`` and the SFT job finished, i.e. wrote ``sft_summary.json`` after the model:
     a resumed run keeps its initial policy)."""
+    model_dir = planned_model_dir(config)
     if config.model.path:
-        return Path(config.model.path)
-    run_dir = Path(config.output_dir) / config.name
-    if reuse_sft and (run_dir / "sft_summary.json").is_file():
-        return run_dir / "sft_model"
+        return model_dir
+    if reuse_sft and (model_dir.parent / "sft_summary.json").is_file():
+        return model_dir
     from relayrl.train.sft import run_sft
 
     base = run_sft(config, progress=progress)
     print(f"sft warm start: base_pass@1={base:.2f}", flush=True)
-    return run_dir / "sft_model"
+    return model_dir
 
 
 @dataclass
