@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relayrl.config.schema import EvalConfig
 from relayrl.engine.types import GenerationResult, SamplingParams
+from relayrl.errors import RelayError
 from relayrl.eval.metrics import mean_maj_at_k, mean_pass_at_k
 from relayrl.eval.sets import set_metrics, set_summaries
 from relayrl.models.loading import encode_prompt
@@ -82,13 +85,49 @@ class EvalReport:
         }
 
 
-def in_process_grader(items: Sequence[tuple[Problem, str]]) -> list[Verdict]:
-    """Grade in this process: right for the fast synthetic verifiers (no sandbox, no sympy)."""
-    out = []
-    for problem, completion in items:
+class _FirstGraderError:
+    """The first error a grader raised in this process's in-process grading: printed once,
+    as the grading pool prints its own (``relayrl.rewards.pool``)."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+        self._lock = threading.Lock()
+
+    def report(self, problem: Problem, exc: Exception) -> None:
+        with self._lock:
+            if self.first is not None:
+                return
+            self.first = f"problem {problem.id!r} (grader {problem.grader!r}): {exc!r}"
+        print(
+            "warning: a grader raised during evaluation and scored 0 (only the first is "
+            f"printed): {self.first}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+GRADER_ERRORS = _FirstGraderError()
+
+
+def _grade_one(problem: Problem, completion: str) -> Verdict:
+    """A grader that raises scores 0 (its first error printed), as in training; a
+    configuration error (an unknown grader, an exception marked ``fatal``) still raises."""
+    try:
         reward, info = grade_detail(problem, completion)
-        out.append(Verdict(reward, info.get("extracted")))
-    return out
+    except RelayError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user grader may raise anything
+        if getattr(exc, "fatal", False):
+            raise
+        GRADER_ERRORS.report(problem, exc)
+        return Verdict(0.0, None)
+    return Verdict(float(reward), (info or {}).get("extracted"))
+
+
+def in_process_grader(items: Sequence[tuple[Problem, str]]) -> list[Verdict]:
+    """Grade in this process: right for the fast synthetic verifiers (no sandbox, no sympy).
+    A grader that raises scores 0 and its first error is printed (:func:`_grade_one`)."""
+    return [_grade_one(problem, completion) for problem, completion in items]
 
 
 def pool_grader(pool) -> BatchGrader:
