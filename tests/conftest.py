@@ -35,6 +35,19 @@ def _registrations_stay_in_their_test():
             del registry[name]
 
 
+@pytest.fixture(autouse=True)
+def _isolated_graders_end_with_their_test():
+    """A grader scored in this process (``grade_detail`` of a grader not registered safe)
+    keeps a sandboxed grading process; it ends with the test, so that no sandbox process of
+    one test is seen by the next (tests that check nothing is left running)."""
+    import sys
+
+    yield
+    isolated = sys.modules.get("relayrl.rewards.isolated")
+    if isolated is not None:
+        isolated.close_all()
+
+
 def benchmark_root() -> Path:
     """Where the benchmark files are: ``$RELAYRL_DATA``, else the full sets beside the checkout
     when present (relayrl's own default lookup), else the samples committed under

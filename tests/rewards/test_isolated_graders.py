@@ -152,3 +152,14 @@ def test_an_answer_that_kills_its_grading_process_scores_0_and_the_next_is_grade
     results = pool.grade_batch([(problem, _answer(kill)), (problem, _answer(problem.answer))])
     assert [r.reward for r in results] == [0.0, 1.0], results
     assert results[0].info["status"] == "scorer_died", results
+
+
+def test_both_sandbox_backends_hold_the_eval_payload(backend, tmp_path):
+    problem = make_task("reasoning_gym", {"dataset": "n_queens"}).problems("test", 1, seed=0)[0]
+    marker = tmp_path / "pwned"
+    with GradingPool(workers=1, timeout_s=120) as pool:
+        results = pool.grade_batch(
+            [(problem, _payloads(marker)[0]), (problem, _answer(problem.answer))]
+        )
+    assert [r.reward for r in results] == [0.0, 1.0], results
+    assert not marker.exists()
