@@ -34,6 +34,7 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -63,11 +64,17 @@ class RewardResult:
 
 async def _all_done(futures: Sequence[Future]) -> None:
     """Wait for every concurrent future, woken once, by the last to finish; cancelling the
-    wait cancels those not yet started."""
+    wait cancels those not yet started.
+
+    A cancelled wait is abandoned: the futures a worker was already grading finish later,
+    possibly after the event loop closed (a run's end cancels the groups still grading),
+    and their callback then leaves the loop alone (waking a closed loop raised "Event loop
+    is closed" in a feeder thread)."""
     loop = asyncio.get_running_loop()
     all_done = loop.create_future()
     remaining = len(futures)
     lock = threading.Lock()
+    abandoned = False
 
     def wake() -> None:
         if not all_done.done():
@@ -77,15 +84,18 @@ async def _all_done(futures: Sequence[Future]) -> None:
         nonlocal remaining
         with lock:
             remaining -= 1
-            last = remaining == 0
+            last = remaining == 0 and not abandoned
         if last:
-            loop.call_soon_threadsafe(wake)
+            with contextlib.suppress(RuntimeError):  # closed between the check and now
+                loop.call_soon_threadsafe(wake)
 
     for future in futures:
         future.add_done_callback(one_done)
     try:
         await all_done
     except asyncio.CancelledError:
+        with lock:
+            abandoned = True
         for future in futures:
             future.cancel()
         raise
@@ -101,6 +111,9 @@ def _worker_main(conn: Any, grader: Grader) -> None:
     """Worker loop: receive (problem, completion), send ("ok", reward, info), ("error", msg)
     or, for a configuration error (``fatal`` set on the exception), ("fatal", msg)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ctrl-C reaches the whole process group: the parent stops its workers (closing their
+    # pipes), so a worker ignores SIGINT rather than print a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from relayrl.plugins import load_plugins_from_env
 
     try:

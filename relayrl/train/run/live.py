@@ -173,9 +173,15 @@ class LiveSource:
             training.evaluator = self.evaluate_on_servers
         first = await self._resume(resume_from)
         self.controller.start()
-        stop = StopSignal(self.controller.fail)
-        stop.install()
         watch = asyncio.create_task(self.supervisor.watch(self.controller.fail))
+
+        def on_stop(exc: BaseException) -> None:
+            # Ctrl-C reaches the servers too: one that exits now is not restarted
+            watch.cancel()
+            self.controller.fail(exc)
+
+        stop = StopSignal(on_stop)
+        stop.install()
         training.on_step_end = lambda done: self.checkpoints.after_step(
             done, cfg.train.total_steps, stop
         )
