@@ -145,6 +145,16 @@ def save_adapter_snapshot(model: torch.nn.Module, directory: Path) -> Path:
     return write_adapter(adapter_snapshot(model), directory)
 
 
+def absolute_base_paths(model: torch.nn.Module) -> None:
+    """Each adapter's ``base_model_name_or_path`` as an absolute path when it names a
+    directory relative to this process's working directory (``model.path=my_model``), so
+    that ``adapter_config.json`` loads with peft from any directory; a hub name is kept."""
+    for peft_config in getattr(model, "peft_config", {}).values():
+        base = getattr(peft_config, "base_model_name_or_path", None)
+        if base and not Path(base).is_absolute() and Path(base).is_dir():
+            peft_config.base_model_name_or_path = str(Path(base).resolve())
+
+
 def save_model(model: torch.nn.Module, out: Path, merge_in_place: bool = False) -> torch.nn.Module:
     """Save ``model`` as a Hugging Face directory ``out``. A LoRA model is saved merged
     (base + adapters: what the servers serve), with its PEFT adapter directory in
@@ -153,6 +163,7 @@ def save_model(model: torch.nn.Module, out: Path, merge_in_place: bool = False) 
     if not is_lora(model):
         model.save_pretrained(out)
         return model
+    absolute_base_paths(model)
     model.save_pretrained(out / PEFT_DIR)
     merged = (model if merge_in_place else copy.deepcopy(model)).merge_and_unload()
     merged.save_pretrained(out)
