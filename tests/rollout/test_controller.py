@@ -376,3 +376,26 @@ def test_sample_still_aborted_rejects_its_group_and_is_never_trained():
     assert all(t.finish_reason != "abort" for g in batch for t in g.trajectories)
     assert ctrl.counters["rejected_aborted"] == 1
     assert ctrl.accepted == 2
+
+
+def test_an_error_while_admitting_stops_the_run_instead_of_hanging():
+    """A prompt the run cannot encode (a chat template that refuses model.system_prompt,
+    say) fails admission: the batch wait raises it (issue 44 item 2: the admission task
+    died and `relayrl train` waited forever, silently)."""
+
+    def refuse(problem):
+        raise RelayError("model.system_prompt: the tokenizer's chat template refuses it")
+
+    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8)
+    ctrl = make_controller(FakeServers(random.Random(0)), options, lambda p, t: FakeReward(1.0))
+    ctrl._encode = refuse
+
+    async def run():
+        ctrl.start()
+        try:
+            return await asyncio.wait_for(ctrl.next_batch(), timeout=10)
+        finally:
+            await ctrl.stop()
+
+    with pytest.raises(RelayError, match="model.system_prompt"):
+        asyncio.run(run())
