@@ -129,12 +129,14 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> SeedResult:
 
 
 def rl_stage_seconds(metrics: Path) -> tuple[float, float]:
-    """(the RL loop's last ``elapsed_s``, the sum of its evaluations' ``time_eval_s``)."""
-    from relayrl.metric_names import ELAPSED_S, TIME_EVAL_S
+    """(the RL loop's last step's ``elapsed_s``, the sum of its evaluations'
+    ``time_eval_s``); the final evaluation's row, which has its ``elapsed_s`` too (for the
+    report's wall-clock chart), is not a step."""
+    from relayrl.metric_names import ELAPSED_S, FINAL, TIME_EVAL_S
     from relayrl.report.logs import read_jsonl
 
     rows = read_jsonl(metrics)
-    elapsed = [float(r[ELAPSED_S]) for r in rows if ELAPSED_S in r]
+    elapsed = [float(r[ELAPSED_S]) for r in rows if ELAPSED_S in r and not r.get(FINAL)]
     evals = sum(float(r[TIME_EVAL_S]) for r in rows if TIME_EVAL_S in r)
     return (elapsed[-1] if elapsed else 0.0), evals
 

@@ -200,7 +200,8 @@ class TrainingLoop:
         try:
             if cfg.eval_every and first_step == 0:
                 step0 = await self.evaluate(self.test_periodic)
-                self.logger.log_step({STEP: 0, VERSION: 0, **step0})
+                elapsed = time.perf_counter() - start  # every row with pass@1 has its time
+                self.logger.log_step({STEP: 0, VERSION: 0, ELAPSED_S: elapsed, **step0})
             for step in range(first_step, self.total_steps):
                 metrics = await self._one_step(step, source)
                 now = time.perf_counter()
@@ -220,6 +221,7 @@ class TrainingLoop:
                     STEP: self.total_steps,
                     VERSION: self.trainer.version,
                     FINAL: True,
+                    ELAPSED_S: time.perf_counter() - start,
                     **final,
                     **drift_summary(self.logger.metrics_path),
                     **await source.final_metrics(),
