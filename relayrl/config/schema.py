@@ -32,7 +32,9 @@ class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
         description="synthetic task, a name registered in relayrl.tasks.registry.TASKS: "
-        "arithmetic | countdown | tool_multiply, or one a plugin registers",
+        "arithmetic | countdown | tool_multiply | reasoning_gym (any reasoning-gym dataset, "
+        "task.params.dataset; pip install 'relayrl[reasoning-gym]'; docs/your-own.md), or "
+        "one a plugin registers",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
