@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -208,11 +209,22 @@ def allow_unisolated() -> bool:
     return os.environ.get(ALLOW_UNISOLATED_ENV, "") in ("1", "true", "yes")
 
 
-def configure_sandbox(allow_unisolated_runs: bool) -> None:
-    """Apply the run config's ``sandbox`` section to this process and the grading workers
-    it spawns (they inherit the environment)."""
+@contextlib.contextmanager
+def sandbox_settings(allow_unisolated_runs: bool) -> Iterator[None]:
+    """The run config's ``sandbox`` section applied to this process and the grading workers
+    it spawns inside the ``with`` block (they inherit the environment); the variable is
+    restored on exit, so an opt-out never outlives its run (a benchmark or experiment that
+    runs several in one process, issue 46)."""
+    before = os.environ.get(ALLOW_UNISOLATED_ENV)
     if allow_unisolated_runs:
         os.environ[ALLOW_UNISOLATED_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ALLOW_UNISOLATED_ENV, None)
+        else:
+            os.environ[ALLOW_UNISOLATED_ENV] = before
 
 
 def _bwrap_isolation(disk_mb: int) -> list[str]:

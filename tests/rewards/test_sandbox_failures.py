@@ -20,7 +20,15 @@ from relayrl.config.schema import RunConfig
 from relayrl.rewards import sandbox
 from relayrl.rewards.code import probe_code_grading
 from relayrl.rewards.pool import GradingPool
-from relayrl.rewards.sandbox import SandboxUnavailable, probe_sandbox, python_argv, run_sandboxed
+from relayrl.rewards.sandbox import (
+    ALLOW_UNISOLATED_ENV,
+    SandboxUnavailable,
+    allow_unisolated,
+    probe_sandbox,
+    python_argv,
+    run_sandboxed,
+    sandbox_settings,
+)
 from relayrl.tasks.base import Problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +90,22 @@ def test_a_batch_that_all_died_reprobes(backend: str, monkeypatch: pytest.Monkey
     with GradingPool(workers=1, timeout_s=60.0) as pool:
         with pytest.raises(SandboxUnavailable, match=f"backend {backend!r} failed its probe"):
             pool.grade_batch([(_problem(i), "    return a + b\n") for i in range(2)])
+
+
+def test_the_opt_out_lasts_only_as_long_as_its_run(monkeypatch) -> None:
+    """``sandbox.allow_unisolated`` is applied for a run's ``with`` block and restored after
+    it (issue 46: it stayed in the process environment, so a later run in the same process,
+    a benchmark's or an experiment's, ran model-written code unisolated without asking)."""
+    monkeypatch.delenv(ALLOW_UNISOLATED_ENV, raising=False)
+    with sandbox_settings(True):
+        assert allow_unisolated()
+    assert ALLOW_UNISOLATED_ENV not in os.environ and not allow_unisolated()
+    with sandbox_settings(False):
+        assert not allow_unisolated()
+    monkeypatch.setenv(ALLOW_UNISOLATED_ENV, "1")  # the user's own opt-out survives a run
+    with pytest.raises(RuntimeError), sandbox_settings(True):
+        raise RuntimeError("the run failed")
+    assert os.environ[ALLOW_UNISOLATED_ENV] == "1"
 
 
 def test_the_opt_out_is_a_documented_config_key() -> None:

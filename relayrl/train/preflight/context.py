@@ -50,6 +50,7 @@ class CheckContext:
     trainer: Any = None
     measures: dict[str, float] = field(default_factory=dict)
     passed: set[str] = field(default_factory=set)  # the checks that passed so far
+    settings: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # undone by close
     _tmp: Path | None = None
 
     @property
@@ -73,3 +74,4 @@ class CheckContext:
                 self.pool.close()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
+        self.settings.close()

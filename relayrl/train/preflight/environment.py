@@ -96,10 +96,10 @@ def check_sandbox(ctx: CheckContext) -> str:
     if not uses_code(ctx):
         return "not needed (no code grading)"
     from relayrl.rewards.code import probe_code_grading
-    from relayrl.rewards.sandbox import configure_sandbox
+    from relayrl.rewards.sandbox import sandbox_settings
 
     assert ctx.config is not None
-    configure_sandbox(ctx.config.sandbox.allow_unisolated)
+    ctx.settings.enter_context(sandbox_settings(ctx.config.sandbox.allow_unisolated))
     backend = probe_code_grading()
     return f"backend {backend}: a known-good program passes, a known-bad one fails, isolated"
 

@@ -138,10 +138,10 @@ def known_bad(problem: Problem) -> str:
 def check_grader(ctx: CheckContext) -> str:
     """Grade each kept problem's known-good and known-bad answer in a grading pool."""
     from relayrl.rewards.pool import GradingPool
-    from relayrl.rewards.sandbox import configure_sandbox
+    from relayrl.rewards.sandbox import sandbox_settings
 
     config = _config(ctx)
-    configure_sandbox(config.sandbox.allow_unisolated)
+    ctx.settings.enter_context(sandbox_settings(config.sandbox.allow_unisolated))
     ctx.pool = GradingPool(1, config.rollout.reward_timeout_s)
     items = [(p, text) for p in ctx.problems for text in (known_good(p, ctx.task), known_bad(p))]
     results = ctx.pool.grade_batch(items)

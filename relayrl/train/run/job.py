@@ -57,7 +57,7 @@ def run_train(
     input is checked (:func:`relayrl.train.run.start.check_run_inputs`).
     """
     from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
-    from relayrl.rewards.sandbox import configure_sandbox
+    from relayrl.rewards.sandbox import sandbox_settings
 
     config = with_progress(config, progress)
     lagged = config.rollout.lag != "async"  # lag emulation: no rollout server
@@ -73,9 +73,9 @@ def run_train(
     model_dir = resolve_model_dir(config, config.train.progress, reuse_sft=resume)
     run_dir = prepare_run_dir(config)
     checkpoint = begin_run(run_dir, config, resume)
-    configure_sandbox(config.sandbox.allow_unisolated)
     teacher = teacher_launcher(config, run_dir)  # on-policy distillation's teacher server
     with contextlib.ExitStack() as teardown:  # in reverse: weights, setup, servers, pool
+        teardown.enter_context(sandbox_settings(config.sandbox.allow_unisolated))
         if teacher is not None:
             teardown.callback(teacher.stop)
             teacher.start()
