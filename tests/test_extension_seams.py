@@ -142,7 +142,12 @@ def test_a_registered_workflow_runs_under_the_controller(doc):
     of each group greedily; the controller around it still grades and assigns advantages."""
     config = load_config(None, ["rollout.workflow=greedy_first"])
     options = ControllerOptions(
-        n_samples=3, prompts_per_step=2, eta=0, max_new_tokens=8, temperature=0.7
+        n_samples=3,
+        prompts_per_step=2,
+        eta=0,
+        max_new_tokens=8,
+        temperature=0.7,
+        dynamic_sampling=False,
     )
     servers = FakeServers(random.Random(0))
     seen = []

@@ -85,7 +85,7 @@ class LossConfig:
 
     loss: str = "decoupled"
     eps_low: float = 0.2
-    eps_high: float = 0.2
+    eps_high: float = 0.28
     dual_clip: float | None = None
     is_level: ISLevel = "none"
     is_mode: ISMode = "truncate"

@@ -12,14 +12,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from relayrl.algo.advantages import advantage_estimator
-from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, loss_class
+from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, LossConfig, loss_class
+from relayrl.engine.types import EngineOptions
 from relayrl.plugins import load_plugins
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
 from relayrl.rewards.dispatch import GRADERS
+from relayrl.rollout.controller import ControllerOptions
 from relayrl.rollout.eta import DEFAULT_ETA_BUDGET
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.datasets import FieldMap
 from relayrl.tasks.registry import TASKS, make_task
+
+# Each setting's default is written once, by the part that uses it (the loss's LossConfig, the
+# rollout controller's ControllerOptions, the engine's EngineOptions); the run config reads
+# it from there (tests/test_config_defaults.py holds it).
+LOSS, CONTROLLER, ENGINE = LossConfig, ControllerOptions, EngineOptions
 
 
 class Section(BaseModel):
@@ -86,8 +93,8 @@ class ModelConfig(Section):
     )
     max_context: int = Field(256, gt=8, description="maximum prompt + completion tokens")
     vocab_size: int = Field(384, ge=260, description="BPE vocabulary when training a tokenizer")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = Field("cpu", description="torch device for training and generation")
+    dtype: Literal["float32", "bfloat16", "float16"] = ENGINE.dtype
+    device: str = Field(ENGINE.device, description="torch device for training and generation")
     lora: LoraConfig | None = Field(
         None, description="LoRA adapters (RL and SFT, docs/lora.md); null = full fine-tuning"
     )
@@ -299,9 +306,13 @@ class RolloutConfig(Section):
     )
     max_new_tokens: int = Field(80, gt=0, description="generation budget per completion")
     temperature: float = Field(
-        1.0, gt=0, description="sampling temperature; the trainer uses the same T for logprobs"
+        CONTROLLER.temperature,
+        gt=0,
+        description="sampling temperature; the trainer uses the same T for logprobs",
     )
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1 = off, exact RL)")
+    top_p: float = Field(
+        CONTROLLER.top_p, gt=0, le=1, description="nucleus sampling (1 = off, exact RL)"
+    )
     eta: int | Literal["auto"] = Field(
         4,
         description="staleness bound η: no sample is trained more than η versions after the "
@@ -331,7 +342,9 @@ class RolloutConfig(Section):
     num_servers: int = Field(1, gt=0, description="rollout server processes")
     server_threads: int = Field(1, gt=0, description="torch threads of each rollout server")
     max_running_requests: int = Field(
-        128, gt=0, description="KV slots (concurrently decoded requests) per server"
+        ENGINE.max_running_requests,
+        gt=0,
+        description="KV slots (concurrently decoded requests) per server",
     )
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None,
@@ -343,7 +356,7 @@ class RolloutConfig(Section):
         "logprob canary is off (train.publish_canary_every)",
     )
     max_adapters: int = Field(
-        1,
+        ENGINE.max_adapters,
         ge=1,
         description="LoRA (model.lora): adapter versions each built-in server keeps and "
         "serves at once; 1 = each publication is merged into a copy of the weights and running "
@@ -463,13 +476,13 @@ class RolloutConfig(Section):
 
 class AlgoConfig(Section):
     advantage: str = Field(
-        "grpo",
+        CONTROLLER.advantage,
         description="advantage estimator, a name registered in relayrl.algo.advantages."
         "ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp_baseline | reinforce_pp, or your own "
         "(docs/extending.md)",
     )
     loss: str = Field(
-        "decoupled",
+        LOSS.loss,
         description="policy loss, a name registered in relayrl.algo.losses.LOSSES: ppo = ratio "
         "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
         "with u = π_θ/π_prox, w = π_prox/μ; recompute = AReaL's non-decoupled baseline "
@@ -478,34 +491,54 @@ class AlgoConfig(Section):
         "−sg(min(π_θ/μ, cispo_cap))·A·log π_θ; or your own (docs/extending.md)",
     )
     gamma: float = Field(
-        1.0, ge=0, le=1, description="discount of the per-token returns (advantage=reinforce_pp)"
+        CONTROLLER.gamma,
+        ge=0,
+        le=1,
+        description="discount of the per-token returns (advantage=reinforce_pp)",
     )
-    gspo_eps_low: float = Field(3e-4, ge=0, lt=1, description="lower clip range of gspo")
-    gspo_eps_high: float = Field(4e-4, ge=0, description="upper clip range of gspo")
-    cispo_cap: float = Field(5.0, gt=0, description="upper bound of the cispo importance weight")
-    eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range")
-    eps_high: float = Field(0.28, ge=0, description="upper clip range (> eps_low: clip-higher)")
-    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (null = off)")
+    gspo_eps_low: float = Field(
+        LOSS.gspo_eps_low, ge=0, lt=1, description="lower clip range of gspo"
+    )
+    gspo_eps_high: float = Field(LOSS.gspo_eps_high, ge=0, description="upper clip range of gspo")
+    cispo_cap: float = Field(
+        LOSS.cispo_cap, gt=0, description="upper bound of the cispo importance weight"
+    )
+    eps_low: float = Field(LOSS.eps_low, ge=0, lt=1, description="lower clip range")
+    eps_high: float = Field(
+        LOSS.eps_high, ge=0, description="upper clip range (> eps_low: clip-higher)"
+    )
+    dual_clip: float | None = Field(
+        LOSS.dual_clip, gt=1, description="dual-clip constant c (null = off)"
+    )
     is_level: ISLevel = Field(
-        "none", description="rollout importance correction of w (decoupled loss only)"
+        LOSS.is_level, description="rollout importance correction of w (decoupled loss only)"
     )
-    is_mode: ISMode = Field("truncate", description="truncate or mask w")
-    is_cap: float = Field(2.0, gt=0, description="upper bound C of the importance weight")
-    is_floor: float | None = Field(None, description="lower bound for mask mode (null = 1/C)")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy (0 = off)")
-    kl_estimator: KLEstimator = "k3"
+    is_mode: ISMode = Field(LOSS.is_mode, description="truncate or mask w")
+    is_cap: float = Field(LOSS.is_cap, gt=0, description="upper bound C of the importance weight")
+    is_floor: float | None = Field(
+        LOSS.is_floor, description="lower bound for mask mode (null = 1/C)"
+    )
+    kl_coef: float = Field(
+        LOSS.kl_coef, ge=0, description="KL penalty to the initial policy (0 = off)"
+    )
+    kl_estimator: KLEstimator = LOSS.kl_estimator
     aggregation: Aggregation = Field(
-        "token_mean",
+        LOSS.aggregation,
         description="how token losses are averaged over the step: token_mean (all tokens "
         "alike), seq_sum (Dr.GRPO: token sum / max_new_tokens, mean over sequences) or "
         "seq_mean_token_mean (each sequence's token mean, mean over sequences: TRL's grpo)",
     )
     overlong_buffer: int = Field(
-        0, ge=0, description="DAPO soft overlong penalty ramp length in tokens (0 = off)"
+        CONTROLLER.overlong_buffer,
+        ge=0,
+        description="DAPO soft overlong penalty ramp length in tokens (0 = off)",
     )
-    overlong_penalty: float = Field(1.0, ge=0, description="magnitude of the overlong penalty")
+    overlong_penalty: float = Field(
+        CONTROLLER.overlong_penalty, ge=0, description="magnitude of the overlong penalty"
+    )
     dynamic_sampling: bool = Field(
-        True, description="DAPO: drop groups whose rewards are all equal and admit replacements"
+        CONTROLLER.dynamic_sampling,
+        description="DAPO: drop groups whose rewards are all equal and admit replacements",
     )
     max_filtered_per_step: float | None = Field(
         2.0,

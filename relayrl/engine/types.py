@@ -49,7 +49,7 @@ class EngineOptions:
 
     device: str = "cpu"
     dtype: str = "float32"
-    max_running_requests: int = 64
+    max_running_requests: int = 128
     # KV budget in tokens (running rows x the longest one's prompt + max_new_tokens);
     # None: kv_memory_fraction of the memory available at start
     max_total_tokens: int | None = None

@@ -136,7 +136,7 @@ class ControllerOptions:
     distill: bool = False  # on-policy distillation: the controller is given a teacher
     distill_coef: float = 1.0
     distill_task_weight: float = 1.0
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool = True
     max_filtered_per_step: int | None = None  # None: dynamic sampling waits for as long as it takes
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0

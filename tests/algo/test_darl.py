@@ -116,7 +116,7 @@ A0, A1 = 1.8 / 2.8, 1.0 / 2.8
 
 def test_multi_behaviour_value_and_hand_derived_gradient() -> None:
     logp = lp(*THETA).requires_grad_()
-    out, plan = darl_loss(logp, PROX, BEHAV, ADV, MASK, VERS, LossConfig())
+    out, plan = darl_loss(logp, PROX, BEHAV, ADV, MASK, VERS, LossConfig(eps_high=0.2))
     assert plan.ess == pytest.approx({0: 1.8, 1: 1.0})
     assert plan.alphas == pytest.approx({0: A0, 1: A1})
     assert plan.token_counts == {0: 2, 1: 1}
@@ -149,7 +149,7 @@ def two_token_loss(versions: list[int], weighting: str):
         torch.tensor([2.0, -1.0], dtype=F64),
         torch.ones(2, dtype=torch.bool),
         torch.tensor(versions),
-        LossConfig(),
+        LossConfig(eps_high=0.2),
         weighting=weighting,  # type: ignore[arg-type]
     )
     out.loss.backward()
@@ -216,7 +216,7 @@ def test_multi_behaviour_loss_over_micro_batches_sums_to_full_loss() -> None:
         )
     cat = lambda idx, k: torch.cat([seqs[i][k] for i in idx])  # noqa: E731
     everything = list(range(len(lengths)))
-    cfg = LossConfig(is_level="token", is_cap=1.5)
+    cfg = LossConfig(eps_high=0.2, is_level="token", is_cap=1.5)
     theta_full = cat(everything, "theta").requires_grad_()
     mask_full = torch.ones_like(theta_full, dtype=torch.bool)
     full, plan = darl_loss(
@@ -296,7 +296,7 @@ def test_balance_weights_plug_into_the_loss() -> None:
         ADV,
         MASK,
         VERS,
-        LossConfig(),
+        LossConfig(eps_high=0.2),
         weighting="balance",
         log_is_weight=log_w,
     )

@@ -39,7 +39,7 @@ PPO_ADV = torch.tensor([1.0, -1.0, 2.0], dtype=F64)
 
 def test_ppo_value_gradient_and_clip_fraction() -> None:
     logp = lp(*PPO_THETA).requires_grad_()
-    out = policy_loss(logp, PPO_BEHAV, PPO_ADV, ones(3), LossConfig(loss="ppo"), 3.0)
+    out = policy_loss(logp, PPO_BEHAV, PPO_ADV, ones(3), LossConfig(eps_high=0.2, loss="ppo"), 3.0)
     # t1: -min(1.4, 1.2) = -1.2 (clipped); t2: -min(-0.6, -0.8) = 0.8 (clipped); t3: -2
     assert out.loss_sum.item() == pytest.approx(-2.4)
     assert out.loss.item() == pytest.approx(-0.8)
@@ -63,12 +63,14 @@ def test_dual_clip_caps_negative_advantage_loss() -> None:
     logp = lp(0.4, 0.4).requires_grad_()
     behav = lp(0.1, 0.1)
     adv = torch.tensor([-1.0, 1.0], dtype=F64)
-    out = policy_loss(logp, behav, adv, ones(2), LossConfig(loss="ppo", dual_clip=3.0), 1.0)
+    out = policy_loss(
+        logp, behav, adv, ones(2), LossConfig(eps_high=0.2, loss="ppo", dual_clip=3.0), 1.0
+    )
     assert out.loss.item() == pytest.approx(3.0 - 1.2)
     out.loss.backward()
     assert logp.grad.tolist() == pytest.approx([0.0, 0.0])
     assert out.stats["dual_clip_frac"] == pytest.approx(0.5)
-    no_dual = policy_loss(logp, behav, adv, ones(2), LossConfig(loss="ppo"), 1.0)
+    no_dual = policy_loss(logp, behav, adv, ones(2), LossConfig(eps_high=0.2, loss="ppo"), 1.0)
     assert no_dual.loss.item() == pytest.approx(4.0 - 1.2)
 
 
@@ -79,7 +81,7 @@ def test_dual_clip_inactive_below_cap() -> None:
         lp(0.5),
         torch.tensor([-1.0], dtype=F64),
         ones(1),
-        LossConfig(loss="ppo", dual_clip=3.0),
+        LossConfig(eps_high=0.2, loss="ppo", dual_clip=3.0),
         1.0,
     )
     assert out.loss.item() == pytest.approx(0.8)
@@ -105,7 +107,7 @@ def dec(cfg: LossConfig, **kw: object):
 
 
 def test_decoupled_value_gradient_and_stats() -> None:
-    out, logp = dec(LossConfig(loss="decoupled"))
+    out, logp = dec(LossConfig(eps_high=0.2, loss="decoupled"))
     # w·inner = [-1.44, 0.4, -2.2, 0.8]
     assert out.loss.item() == pytest.approx(-2.44)
     out.loss.backward()
@@ -140,7 +142,7 @@ def test_decoupled_value_gradient_and_stats() -> None:
 def test_importance_correction_levels_and_modes(
     level: str, mode: str, cap: float, floor: float | None, expected: float, dropped: float
 ) -> None:
-    cfg = LossConfig(is_level=level, is_mode=mode, is_cap=cap, is_floor=floor)  # type: ignore[arg-type]
+    cfg = LossConfig(eps_high=0.2, is_level=level, is_mode=mode, is_cap=cap, is_floor=floor)  # type: ignore[arg-type]
     out, _ = dec(cfg)
     assert out.loss.item() == pytest.approx(expected, abs=1e-6)
     if mode == "mask":
@@ -156,7 +158,7 @@ def _padded(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_sequence_level_on_padded_rows_matches_flat() -> None:
-    cfg = LossConfig(is_level="sequence", is_mode="truncate", is_cap=1.5)
+    cfg = LossConfig(eps_high=0.2, is_level="sequence", is_mode="truncate", is_cap=1.5)
     flat, _ = dec(cfg)
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
     args = (_padded(lp(*THETA)), _padded(BEHAV), _padded(ADV), mask, cfg, 1.0)
@@ -167,14 +169,14 @@ def test_sequence_level_on_padded_rows_matches_flat() -> None:
 
 def test_mask_floor_defaults_to_inverse_cap() -> None:
     # cap 2 -> floor .5: w = [1.2, .5, 1, 1.6] all kept -> same as no correction
-    out, _ = dec(LossConfig(is_level="token", is_mode="mask", is_cap=2.0))
+    out, _ = dec(LossConfig(eps_high=0.2, is_level="token", is_mode="mask", is_cap=2.0))
     assert out.loss.item() == pytest.approx(-2.44)
     assert out.stats["is_masked_frac"] == 0.0
 
 
 def test_log_is_weight_overrides_prox_over_behav() -> None:
     log_w = torch.tensor([0.0, 0.0, math.log(2.0), 0.0], dtype=F64)
-    out, _ = dec(LossConfig(), log_is_weight=log_w)
+    out, _ = dec(LossConfig(eps_high=0.2), log_is_weight=log_w)
     # w = [1, 1, 2, 1]: -1.2 + .8 - 4.4 + .5
     assert out.loss.item() == pytest.approx(-4.3)
 
@@ -188,8 +190,8 @@ def test_decoupled_equals_ppo_when_behaviour_is_proximal() -> None:
     for dual in (None, 2.5):
         grads, values = [], []
         for cfg, prox in (
-            (LossConfig(loss="ppo", dual_clip=dual), None),
-            (LossConfig(loss="decoupled", dual_clip=dual), behav.clone()),
+            (LossConfig(eps_high=0.2, loss="ppo", dual_clip=dual), None),
+            (LossConfig(eps_high=0.2, loss="decoupled", dual_clip=dual), behav.clone()),
         ):
             logp = theta.clone().requires_grad_()
             out = policy_loss(logp, behav, adv, mask, cfg, 7.0, prox_logprobs=prox)
@@ -216,7 +218,7 @@ def test_recompute_is_decoupled_without_the_behaviour_weight() -> None:
             behav,
             adv,
             mask,
-            LossConfig(loss=loss),
+            LossConfig(eps_high=0.2, loss=loss),
             7.0,
             prox_logprobs=prox,
             log_is_weight=log_w,
@@ -232,7 +234,7 @@ def test_recompute_is_decoupled_without_the_behaviour_weight() -> None:
         torch.tensor([[-3.0]], dtype=F64),  # μ far away: ignored
         torch.tensor([[1.0]], dtype=F64),
         one,
-        LossConfig(loss="recompute"),
+        LossConfig(eps_high=0.2, loss="recompute"),
         1.0,
         prox_logprobs=torch.tensor([[-1.1]], dtype=F64),
     )
@@ -254,7 +256,7 @@ def test_recompute_is_decoupled_without_the_behaviour_weight() -> None:
 def test_kl_estimators(estimator: str, kl_sum: float, grad: list[float]) -> None:
     logp = lp(0.5, 0.25).requires_grad_()
     ref = lp(0.25, 0.5)
-    cfg = LossConfig(loss="ppo", kl_coef=0.1, kl_estimator=estimator)  # type: ignore[arg-type]
+    cfg = LossConfig(eps_high=0.2, loss="ppo", kl_coef=0.1, kl_estimator=estimator)  # type: ignore[arg-type]
     zero_adv = torch.zeros(2, dtype=F64)
     out = policy_loss(logp, logp.detach(), zero_adv, ones(2), cfg, 2.0, ref_logprobs=ref)
     assert out.loss.item() == pytest.approx(0.1 * kl_sum / 2)
@@ -266,14 +268,14 @@ def test_kl_estimators(estimator: str, kl_sum: float, grad: list[float]) -> None
 
 
 def test_kl_off_by_default_and_needs_reference() -> None:
-    assert LossConfig().kl_coef == 0.0
+    assert LossConfig(eps_high=0.2).kl_coef == 0.0
     with pytest.raises(ValueError):
         policy_loss(
             lp(0.5),
             lp(0.5),
             torch.zeros(1, dtype=F64),
             ones(1),
-            LossConfig(loss="ppo", kl_coef=0.1),
+            LossConfig(eps_high=0.2, loss="ppo", kl_coef=0.1),
             1.0,
         )
 
@@ -283,15 +285,17 @@ def test_kl_off_by_default_and_needs_reference() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
-        LossConfig(loss="grpo")  # type: ignore[arg-type]
+        LossConfig(eps_high=0.2, loss="grpo")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        LossConfig(loss="ppo", is_level="token")
+        LossConfig(eps_high=0.2, loss="ppo", is_level="token")
     with pytest.raises(ValueError):
-        LossConfig(dual_clip=1.0)
+        LossConfig(eps_high=0.2, dual_clip=1.0)
     with pytest.raises(ValueError):
-        LossConfig(is_mode="clip")  # type: ignore[arg-type]
+        LossConfig(eps_high=0.2, is_mode="clip")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        policy_loss(lp(0.5), lp(0.5), torch.zeros(1, dtype=F64), ones(1), LossConfig(), 1.0)
+        policy_loss(
+            lp(0.5), lp(0.5), torch.zeros(1, dtype=F64), ones(1), LossConfig(eps_high=0.2), 1.0
+        )
 
 
 def test_loss_normalizer() -> None:
@@ -307,7 +311,7 @@ def test_padding_garbage_never_leaks() -> None:
     prox = torch.tensor([[math.log(0.5), float("nan")]], dtype=F64)
     adv = torch.tensor([[1.0, float("inf")]], dtype=F64)
     mask = torch.tensor([[True, False]])
-    cfg = LossConfig(is_level="sequence", is_mode="mask", is_cap=2.0)
+    cfg = LossConfig(eps_high=0.2, is_level="sequence", is_mode="mask", is_cap=2.0)
     out = policy_loss(logp, behav, adv, mask, cfg, 1.0, prox_logprobs=prox)
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-1.0)
@@ -317,7 +321,7 @@ def test_padding_garbage_never_leaks() -> None:
 def test_entropy_stat_from_logits_or_values() -> None:
     logits = torch.zeros(2, 4, dtype=F64)  # uniform over 4 -> entropy log 4
     assert entropy_from_logits(logits).tolist() == pytest.approx([math.log(4)] * 2)
-    cfg = LossConfig(loss="ppo")
+    cfg = LossConfig(eps_high=0.2, loss="ppo")
     a = policy_loss(
         lp(0.5, 0.5), lp(0.5, 0.5), torch.ones(2, dtype=F64), ones(2), cfg, 1.0, entropy=logits
     )
@@ -398,12 +402,19 @@ def _step_grad(cfg: LossConfig, groups: list[list[int]], seed: int = 0) -> torch
 @pytest.mark.parametrize(
     "cfg",
     [
-        LossConfig(loss="ppo"),
+        LossConfig(eps_high=0.2, loss="ppo"),
         LossConfig(loss="decoupled", eps_high=0.28, dual_clip=3.0, kl_coef=0.05),
         LossConfig(
-            is_level="sequence", is_mode="truncate", is_cap=1.5, kl_estimator="k2", kl_coef=0.1
+            eps_high=0.2,
+            is_level="sequence",
+            is_mode="truncate",
+            is_cap=1.5,
+            kl_estimator="k2",
+            kl_coef=0.1,
         ),
-        LossConfig(is_level="geometric", is_mode="mask", is_cap=1.2, aggregation="seq_sum"),
+        LossConfig(
+            eps_high=0.2, is_level="geometric", is_mode="mask", is_cap=1.2, aggregation="seq_sum"
+        ),
     ],
 )
 def test_micro_batch_split_does_not_change_gradient(cfg: LossConfig) -> None:

@@ -36,7 +36,7 @@ AGG_LOGP = lp((0.5, 0.4, 1.0), (0.3, 0.2, 0.6))
 
 
 def test_seq_mean_token_mean_value_and_gradient() -> None:
-    cfg = LossConfig(loss="ppo", aggregation="seq_mean_token_mean")
+    cfg = LossConfig(eps_high=0.2, loss="ppo", aggregation="seq_mean_token_mean")
     z = loss_normalizer("seq_mean_token_mean", num_tokens=5, num_seqs=2)
     assert z == 2.0
     logp = AGG_LOGP.clone().requires_grad_()
@@ -55,7 +55,7 @@ def test_seq_mean_token_mean_is_trl_grpo_and_split_invariant() -> None:
     behav = -torch.rand(4, 6, generator=g, dtype=F64) - 0.5
     theta = behav + 0.3 * torch.randn(4, 6, generator=g, dtype=F64)
     adv = torch.randn(4, 1, generator=g, dtype=F64).expand(4, 6).contiguous()
-    cfg = LossConfig(loss="ppo", aggregation="seq_mean_token_mean")
+    cfg = LossConfig(eps_high=0.2, loss="ppo", aggregation="seq_mean_token_mean")
     logp = theta.clone().requires_grad_()
     out = policy_loss(logp, behav, adv, mask, cfg, 4.0)
     # TRL's loss_type="grpo": per-token loss, token mean per sequence, mean over sequences
@@ -168,7 +168,7 @@ def test_gspo_with_one_token_sequences_is_decoupled_ppo() -> None:
 
 
 def test_gspo_needs_prox_and_default_clip_range() -> None:
-    cfg = LossConfig(loss="gspo")
+    cfg = LossConfig(eps_high=0.2, loss="gspo")
     assert (cfg.gspo_eps_low, cfg.gspo_eps_high) == (3e-4, 4e-4)
     with pytest.raises(ValueError, match="prox_logprobs"):
         policy_loss(G_THETA, G_PROX, G_ADV, G_MASK, cfg, 1.0)
@@ -185,7 +185,7 @@ C_MASK = t64((1, 1, 1))
 
 def test_cispo_value_gradient_and_clip_fraction() -> None:
     logp = C_THETA.clone().requires_grad_()
-    out = policy_loss(logp, C_BEHAV, C_ADV, C_MASK, LossConfig(loss="cispo"), 3.0)
+    out = policy_loss(logp, C_BEHAV, C_ADV, C_MASK, LossConfig(eps_high=0.2, loss="cispo"), 3.0)
     expected = -2 * 1 * math.log(0.5) - 0.5 * (-1) * math.log(0.1) - 5 * 2 * math.log(0.9)
     assert out.loss.item() == pytest.approx(expected / 3)
     out.loss.backward()
@@ -196,7 +196,7 @@ def test_cispo_value_gradient_and_clip_fraction() -> None:
 
 def test_cispo_rejects_a_separate_behaviour_weight() -> None:
     with pytest.raises(ValueError, match="is_level"):
-        LossConfig(loss="cispo", is_level="token")
+        LossConfig(eps_high=0.2, loss="cispo", is_level="token")
 
 
 def _random_stale_batch(seed: int) -> tuple[torch.Tensor, ...]:
@@ -226,13 +226,15 @@ def test_cispo_at_the_step_start_is_decoupled_with_token_tis() -> None:
     """At θ = π_prox (the first AdamW step of a batch) CISPO's gradient −min(π_prox/μ, C)·A
     equals decoupled PPO's with token-level truncation at C (u = 1: the clip never acts)."""
     prox, behav, adv, mask = _random_stale_batch(2)
-    cispo = _grad(LossConfig(loss="cispo", cispo_cap=1.5), prox, behav, adv, mask)
-    tis = LossConfig(loss="decoupled", is_level="token", is_mode="truncate", is_cap=1.5)
+    cispo = _grad(LossConfig(eps_high=0.2, loss="cispo", cispo_cap=1.5), prox, behav, adv, mask)
+    tis = LossConfig(
+        eps_high=0.2, loss="decoupled", is_level="token", is_mode="truncate", is_cap=1.5
+    )
     decoupled = _grad(tis, prox, behav, adv, mask, prox)
     assert torch.allclose(cispo, decoupled, atol=1e-12)
     # and on-policy (μ = π_θ) it is the plain policy gradient, PPO's at r = 1
-    ppo = _grad(LossConfig(loss="ppo"), prox, prox, adv, mask)
-    on_policy = _grad(LossConfig(loss="cispo"), prox, prox, adv, mask)
+    ppo = _grad(LossConfig(eps_high=0.2, loss="ppo"), prox, prox, adv, mask)
+    on_policy = _grad(LossConfig(eps_high=0.2, loss="cispo"), prox, prox, adv, mask)
     assert torch.allclose(on_policy, ppo, atol=1e-12)
 
 
@@ -243,7 +245,7 @@ def test_config_accepts_the_new_objectives() -> None:
     assert algo.gspo_eps_low == 3e-4 and algo.gamma == 1.0
     assert AlgoConfig(loss="cispo", cispo_cap=2.0).cispo_cap == 2.0
     with pytest.raises(ValueError, match="cispo_cap"):
-        LossConfig(loss="cispo", cispo_cap=0.0)
+        LossConfig(eps_high=0.2, loss="cispo", cispo_cap=0.0)
 
 
 def test_gspo_token_with_sequence_advantages_is_the_gspo_sequence_objective() -> None:

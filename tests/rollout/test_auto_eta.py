@@ -140,7 +140,9 @@ def test_a_moving_bound_keeps_every_sample_within_its_admission_bound():
     for trial in range(6):
         rng = random.Random(100 + trial)
         n, b = rng.randint(1, 4), rng.randint(1, 4)
-        options = ControllerOptions(n_samples=n, prompts_per_step=b, eta=1, max_new_tokens=8)
+        options = ControllerOptions(
+            n_samples=n, prompts_per_step=b, eta=1, max_new_tokens=8, dynamic_sampling=False
+        )
         servers = FakeServers(rng)
         ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
         slacks, over = asyncio.run(_drive_moving_bound(ctrl, servers, rng, 15))

@@ -164,7 +164,9 @@ def test_rare_publication_is_capped_so_admission_never_starves(eta):
     η + 1 steps, and 12 steps finish."""
     assert publish_interval(100, eta) == eta + 1
     rng = random.Random(eta)
-    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=eta, max_new_tokens=8)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=eta, max_new_tokens=8, dynamic_sampling=False
+    )
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     assert asyncio.run(drive(ctrl, servers, 12, eta, rng, publish_every=100)) <= eta
@@ -180,7 +182,12 @@ def test_failing_generation_stops_the_run_after_the_limit(capsys):
         raise ValueError("bad request")
 
     options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8, max_consecutive_errors=5
+        n_samples=2,
+        prompts_per_step=2,
+        eta=1,
+        max_new_tokens=8,
+        max_consecutive_errors=5,
+        dynamic_sampling=False,
     )
     ctrl = make_controller(None, options, lambda p, t: FakeReward(1.0), generate=broken)
     with pytest.raises(RelayError, match="5 groups failed in a row: bad request"):
@@ -273,7 +280,9 @@ def test_filter_cap_still_stops_a_run_whose_groups_are_all_equal():
 
 def test_async_actually_overlaps_and_reaches_eta():
     rng = random.Random(0)
-    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=2, max_new_tokens=8)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=2, max_new_tokens=8, dynamic_sampling=False
+    )
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     assert asyncio.run(drive(ctrl, servers, 20, 2, rng)) >= 1  # stale samples do get trained
@@ -311,7 +320,12 @@ def test_rejected_groups_are_replaced_and_not_counted():
 def test_long_prompts_are_skipped_and_counted():
     rng = random.Random(2)
     options = ControllerOptions(
-        n_samples=1, prompts_per_step=8, eta=0, max_new_tokens=8, max_context=64
+        n_samples=1,
+        prompts_per_step=8,
+        eta=0,
+        max_new_tokens=8,
+        max_context=64,
+        dynamic_sampling=False,
     )
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), problems(40, 2))
@@ -332,7 +346,9 @@ def test_generation_error_rejects_the_group_only():
             raise ValueError("bad request")
         return await servers.generate(ids, params, key)
 
-    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8, dynamic_sampling=False
+    )
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=flaky)
     assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
@@ -369,7 +385,9 @@ def test_sample_still_aborted_rejects_its_group_and_is_never_trained():
             out.finish_reason, out.resubmissions = "abort", 32
         return out
 
-    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8, dynamic_sampling=False
+    )
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=gives_up_once)
     batch = one_batch(ctrl)
     assert [g.key for g in batch] == ["g1", "g2"]
@@ -386,7 +404,9 @@ def test_an_error_while_admitting_stops_the_run_instead_of_hanging():
     def refuse(problem):
         raise RelayError("model.system_prompt: the tokenizer's chat template refuses it")
 
-    options = ControllerOptions(n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8)
+    options = ControllerOptions(
+        n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8, dynamic_sampling=False
+    )
     ctrl = make_controller(FakeServers(random.Random(0)), options, lambda p, t: FakeReward(1.0))
     ctrl._encode = refuse
 

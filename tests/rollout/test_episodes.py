@@ -160,7 +160,11 @@ def services_for(policy: FakePolicy) -> RolloutServices:
 
 def controller(policy: FakePolicy, probs, eta: int, max_new_tokens: int = 200, **kw):
     options = ControllerOptions(
-        n_samples=4, prompts_per_step=3, eta=eta, max_new_tokens=max_new_tokens, **kw
+        n_samples=4,
+        prompts_per_step=3,
+        eta=eta,
+        max_new_tokens=max_new_tokens,
+        **{"dynamic_sampling": False, **kw},
     )
     return RolloutController(
         PromptLoader(probs, seed=1),
