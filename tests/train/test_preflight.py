@@ -57,7 +57,8 @@ def test_the_good_config_passes_every_check(passing):
     kl = float(server.split("k3 KL ")[1].split()[0])
     assert kl < 1e-6, server  # fp32 engine and trainer on the same weights
     assert "8 samples" in server
-    assert "a step of 16 groups" in line_of(lines, "step")
+    step = line_of(lines, "step")
+    assert "a step of 16 groups ≈" in step and "4 groups at once" in step, step
     assert "MiB available" in line_of(lines, "memory")
     assert seconds < 120, seconds  # the goal on an idle machine is 30 s (README)
 
@@ -222,3 +223,14 @@ def test_a_check_past_its_deadline_is_an_error_and_the_rest_run():
         "ok   after: fine",
         "skip needs_slow: not run: slow did not pass",
     ]
+
+
+def test_the_step_estimate_is_linear_through_the_two_measured_points():
+    """One group 2 s, four at once 3.5 s: 0.5 s per further group, so 16 groups 9.5 s (not
+    16 × 2 s); no slower than one group even when the batch measured faster."""
+    from relayrl.train.preflight.live import generation_estimate
+
+    assert generation_estimate(2.0, 4, 3.5, 16) == pytest.approx(9.5)
+    assert generation_estimate(2.0, 4, 3.5, 1) == 2.0
+    assert generation_estimate(2.0, 4, 1.5, 16) == 2.0
+    assert generation_estimate(2.0, 1, 0.0, 3) == 6.0  # nothing measured at once: serial

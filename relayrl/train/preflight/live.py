@@ -5,8 +5,8 @@ or the first of ``rollout.server_urls`` answers; it passes the run's server chec
 generates one group of ``rollout.n_samples`` completions of the first prompt with per-token
 logprobs and versions; the trainer recomputes the logprobs and the k3 KL between them is
 printed: an error above :data:`KL_TOLERANCE`), :func:`check_step` (the group graded,
-its advantages set and one timed optimizer step, extrapolated to ``rollout.prompts_per_step``
-groups) and :func:`check_memory` (the peak resident memory of the trainer, the server and a
+its advantages set and one timed optimizer step; generation extrapolated to
+``rollout.prompts_per_step`` groups through one group alone and a few at once) and :func:`check_memory` (the peak resident memory of the trainer, the server and a
 grading worker, measured, with the KV cache a full server holds and the activations of a
 full micro-batch added, against the memory this machine has).
 
@@ -17,6 +17,7 @@ rollout (trajectories, advantages), algo (the k3 KL), relayrl.train (the trainer
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 from relayrl.train.preflight.context import CheckContext
 from relayrl.train.preflight.runner import CheckFailed
 
+CONCURRENT_GROUPS = 4  # groups generated at once to see how generation scales with load
 CHECK_TOKENS = 64  # the longest completion the check samples (rollout.max_new_tokens if less)
 KL_TOLERANCE = 1e-2  # engine-vs-trainer k3 above this: something differs, not rounding
 MiB = 2**20
@@ -105,6 +107,7 @@ async def _sample_group(ctx: CheckContext, backend: Any, urls: list[str]) -> lis
         start = time.monotonic()
         gens = await client.generate_many([ctx.prompt_ids] * len(params), params)
         ctx.generation_s = time.monotonic() - start
+        await _time_concurrent_groups(ctx, client, params)
     group = []
     for j, gen in enumerate(gens):
         _check_generation(gen, urls[0])
@@ -122,6 +125,33 @@ async def _sample_group(ctx: CheckContext, backend: Any, urls: list[str]) -> lis
             )
         )
     return group
+
+
+async def _time_concurrent_groups(ctx: CheckContext, client: Any, params: list[Any]) -> None:
+    """Generate ``k = min(prompts_per_step, CONCURRENT_GROUPS)`` groups at once, so the step
+    estimate scales by how the server's batching grows with load, not by ``k`` alone."""
+    assert ctx.config is not None
+    k = min(ctx.config.rollout.prompts_per_step, CONCURRENT_GROUPS)
+    if k < 2:
+        return
+    many = [
+        dataclasses.replace(p, seed=(p.seed or 0) + 1000 * (g + 1))
+        for g in range(k)
+        for p in params
+    ]
+    start = time.monotonic()
+    await client.generate_many([ctx.prompt_ids] * len(many), many)
+    ctx.measures.update(concurrent_groups=k, concurrent_generation_s=time.monotonic() - start)
+
+
+def generation_estimate(one_s: float, k: int, k_s: float, groups: int) -> float:
+    """Seconds to generate ``groups`` groups at once, from one group alone (``one_s``) and
+    ``k`` at once (``k_s``): linear in the number of groups through those two points (a
+    batched decode step costs a fixed part plus a part per sequence), never below ``one_s``."""
+    if k < 2 or groups <= 1:
+        return one_s * groups if k < 2 else one_s
+    per_group = max(k_s - one_s, 0.0) / (k - 1)
+    return one_s + per_group * (groups - 1)
 
 
 def _check_generation(gen: Any, url: str) -> None:
@@ -188,15 +218,19 @@ def _step_estimate(ctx: CheckContext, first_s: float, warm_s: float) -> str:
     groups = config.rollout.prompts_per_step
     capped = min(config.rollout.max_new_tokens, CHECK_TOKENS)
     longer = config.rollout.max_new_tokens / capped if _hit_cap(ctx.group, capped) else 1.0
-    gen = ctx.generation_s * longer * groups
+    k = int(ctx.measures.get("concurrent_groups", 1))
+    k_s = ctx.measures.get("concurrent_generation_s", 0.0)
+    per_server = -(-groups // config.rollout.num_servers)  # the groups one server holds
+    gen = generation_estimate(ctx.generation_s, k, k_s, per_server) * longer
     train = min(first_s, warm_s) * longer * groups  # the less disturbed of the two
     step = gen + train if config.rollout.eta == 0 else max(gen, train)
     how = "generation + update at eta=0" if config.rollout.eta == 0 else "overlapped at eta>0"
+    batched = f", {k} groups at once {k_s:.2f} s" if k > 1 else ""
     return (
-        f"one group of {len(ctx.group)}: generation {ctx.generation_s:.2f} s, optimizer step "
-        f"{first_s:.2f} s (first), {warm_s:.2f} s (warm); a step of {groups} groups ≤ "
-        f"{step:.1f} s ({how}; the groups generated one after another, which continuous "
-        "batching overlaps)"
+        f"one group of {len(ctx.group)}: generation {ctx.generation_s:.2f} s{batched}, "
+        f"optimizer step {first_s:.2f} s (first), {warm_s:.2f} s (warm); a step of {groups} "
+        f"groups ≈ {step:.1f} s (generation {gen:.1f} s, linear in the groups a server holds "
+        f"through the two measured points; update {train:.1f} s; {how})"
     )
 
 
