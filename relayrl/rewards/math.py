@@ -15,6 +15,7 @@ process's main thread (the grading pool does), or pass ``timeout_s=None``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,9 +86,17 @@ def _latex_configs() -> list[Any]:
 def math_verify_equal(answer: str, gold: str, timeout_s: int | None = 5) -> bool | None:
     """math-verify's judgement of ``answer`` against ``gold`` (both bare LaTeX/expressions).
 
-    None when either side cannot be parsed.
+    None when either side cannot be parsed. math-verify's timeout is ``signal.alarm``, which
+    only the main thread may set (it raises elsewhere, and a correct non-numeric answer
+    graded in a worker thread was a crash, then a silent 0); off the main thread it runs
+    without one, as math-verify advises, on answers already capped at
+    :data:`MATH_VERIFY_MAX_CHARS` characters (the grading pool's per-item deadline bounds
+    it there).
     """
     from math_verify import parse, verify
+
+    if threading.current_thread() is not threading.main_thread():
+        timeout_s = None
 
     configs = _latex_configs()
     gold_parsed = parse(f"${gold}$", extraction_config=configs, parsing_timeout=timeout_s)
