@@ -172,6 +172,7 @@ def cluster_metadata(address: str, key_value: str, timeout_s: float) -> dict[str
         from ray._raylet import GcsClient
     except ImportError:
         return {}
+    use_token_if_present()
     try:
         raw = GcsClient(address=address).internal_kv_get(
             CLUSTER_METADATA_KEY, namespace=CLUSTER_NAMESPACE, timeout=timeout_s
@@ -183,6 +184,20 @@ def cluster_metadata(address: str, key_value: str, timeout_s: float) -> dict[str
             "head's port (`ray start --head --port=...`)?"
         ) from None
     return json.loads(raw) if raw else {}
+
+
+def use_token_if_present() -> None:
+    """Speak token authentication to the cluster when this user holds Ray's token and
+    ``RAY_AUTH_MODE`` is unset, as ``ray.init`` does when it connects (Ray ≥ 2.5x: ``ray
+    start`` turns token auth on when ``~/.ray/auth_token`` exists; without this the version
+    probe was refused as unauthenticated)."""
+    try:  # private, as the probe's GcsClient; a Ray without token authentication lacks it
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def driver_versions() -> tuple[str, str, str]:
