@@ -42,18 +42,15 @@ class Cluster:
         return ["nsenter", "-t", str(self.holder.pid), "-n", "bash", "-c", script]
 
     def run(self, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("RAY_ADDRESS", None)
         return subprocess.run(
-            self.command(script), capture_output=True, text=True, timeout=timeout, env=env
-        )
+            self.command(script), capture_output=True, text=True, timeout=timeout,
+            env=cluster_env(),
+        )  # fmt: skip
 
     def popen(self, script: str) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("RAY_ADDRESS", None)
         return subprocess.Popen(
             self.command(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env,
+            env=cluster_env(),
         )  # fmt: skip
 
     def pids(self) -> list[int]:
@@ -82,6 +79,18 @@ class Cluster:
         self.holder.wait(timeout=5)
 
 
+def cluster_env() -> dict[str, str]:
+    """The environment of the cluster's nodes and of the runs in its namespace: this
+    checkout importable, no ``RAY_ADDRESS``, and Ray's token authentication off for all of
+    them alike. Ray 2.60 turns it on for ``ray start`` whenever ``~/.ray/auth_token``
+    exists (a local ``ray.init`` elsewhere creates one), and then its own worker nodes
+    fail to join as unauthenticated: the suite must not depend on that file. The cluster is
+    in a private, loopback-only network namespace."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie."""
     try:
@@ -101,6 +110,7 @@ def namespace_cluster(script: str, temp: Path, timeout_s: float = 180) -> Iterat
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=cluster_env(),
         )
     handle = Cluster(holder)
     try:
