@@ -6,10 +6,13 @@ held-out pass@1, staleness, generation / training throughput and the rollout ser
 per node (how many are up; the others unanswered, restarting or down). When stdout is not a
 terminal (a log file, a pipe, CI): the same status as one plain line every
 ``train.log_every`` steps and at the last step, with elapsed time and ETA. ``train.progress:
-false`` is quiet mode: nothing per step.
+false`` is quiet mode: nothing per step. The mismatch doctor's warning (fresh tokens'
+engine-vs-trainer KL above ``relayrl.report.doctor.MISMATCH_THRESHOLD``, which staleness
+cannot explain) is printed once, at the first step that shows it, as the report shows it.
 
-Owns: :class:`Dashboard`, :func:`status_line`. Imports: tqdm (lazily), the train section of
-the config, the metric names and the standard library.
+Owns: :class:`Dashboard`, :func:`status_line`, :func:`mismatch_warning`. Imports: tqdm
+(lazily), the train section of the config, the metric names, the doctor's threshold and
+causes, and the standard library.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from relayrl.metric_names import (
     ETA,
     EVAL_PASS_AT_1,
     GEN_TOKENS_PER_S,
+    MISMATCH_KL,
+    MISMATCH_TOKENS,
     PASS_RATE,
     REWARD_MEAN,
     SERVERS,
@@ -33,6 +38,7 @@ from relayrl.metric_names import (
     STEP,
     TRAIN_TOKENS_PER_S,
 )
+from relayrl.report.doctor import CAUSES, MIN_TOKENS, MISMATCH_THRESHOLD
 
 # (metric key, label, format): shown in this order when the step logged the key
 FIELDS: list[tuple[str, str, str]] = [
@@ -65,6 +71,23 @@ def status_line(metrics: Mapping[str, Any]) -> str:
                 if k.startswith(SET_PASS_AT_1) and isinstance(v, (int, float))
             )
     return " | ".join(parts)
+
+
+def mismatch_warning(metrics: Mapping[str, Any]) -> str | None:
+    """The doctor's one-line warning when this step's fresh (staleness 0) tokens disagree
+    between engine and trainer by more than the threshold, over enough tokens; else None."""
+    kl, tokens = metrics.get(MISMATCH_KL + "0"), metrics.get(MISMATCH_TOKENS + "0")
+    if not isinstance(kl, (int, float)) or not isinstance(tokens, (int, float)):
+        return None
+    if tokens < MIN_TOKENS or not kl > MISMATCH_THRESHOLD:
+        return None
+    return (
+        f"warning: step {metrics.get(STEP)}: the engine and the trainer disagree on fresh "
+        f"tokens (k3 KL {kl:.2e} over {int(tokens)} tokens of staleness 0, above "
+        f"{MISMATCH_THRESHOLD:g}): staleness cannot explain it; likely causes: "
+        + "; ".join(CAUSES)
+        + " (docs/observability.md, the mismatch doctor)"
+    )
 
 
 def clock(seconds: float) -> str:
@@ -107,6 +130,7 @@ class Dashboard:
         self.live = enabled and is_terminal(self.stream)
         self.last_eval: float | None = None
         self.last_sets: dict[str, Any] = {}
+        self.warned_mismatch = False  # the doctor's warning is printed once a run
         self._bar = self._status = None
         if self.live:
             from tqdm import tqdm
@@ -127,11 +151,22 @@ class Dashboard:
             self.last_sets = {k: v for k, v in metrics.items() if k.startswith(SET_PASS_AT_1)}
         shown = {**metrics, EVAL_PASS_AT_1: self.last_eval, **self.last_sets}
         step = int(metrics[STEP])
+        self._warn_mismatch(metrics)
         if self._bar is not None and self._status is not None:
             self._status.set_description_str(status_line(shown), refresh=True)
             self._bar.update(step - self._bar.n)
         elif self.log_every and (step % self.log_every == 0 or step == self.total):
             print(self._plain_line(step, shown), file=self.stream, flush=True)
+
+    def _warn_mismatch(self, metrics: Mapping[str, Any]) -> None:
+        warning = None if self.warned_mismatch else mismatch_warning(metrics)
+        if warning is None:
+            return
+        self.warned_mismatch = True
+        if self._bar is not None:
+            self._bar.write(warning, file=self.stream)  # above the bars, which are redrawn
+        else:
+            print(warning, file=sys.stderr, flush=True)
 
     def _plain_line(self, step: int, metrics: Mapping[str, Any]) -> str:
         line = f"step {step}/{self.total} | {status_line(metrics)}"

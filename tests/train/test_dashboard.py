@@ -100,3 +100,29 @@ def test_a_real_pseudo_terminal_gets_the_bar_unless_it_has_no_width():
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_the_mismatch_doctor_warns_once_at_the_first_step_that_shows_it(capsys):
+    """Fresh tokens' engine-vs-trainer k3 KL above 1e-3 over at least 8 tokens: one warning
+    with the likely causes, at step 2 only; stale levels, few tokens or a small KL: none."""
+    rows = list(steps(4))
+    rows[0].update(mismatch_kl_k3_s0=5e-3, mismatch_tokens_s0=4)  # too few tokens
+    rows[0].update(mismatch_kl_k3_s1=0.2, mismatch_tokens_s1=500)  # stale drift: expected
+    rows[1].update(mismatch_kl_k3_s0=2.5e-3, mismatch_tokens_s0=120)
+    rows[2].update(mismatch_kl_k3_s0=9e-3, mismatch_tokens_s0=120)
+    rows[3].update(mismatch_kl_k3_s0=1e-9, mismatch_tokens_s0=120)
+    dashboard = Dashboard(4, log_every=2, stream=io.StringIO())
+    for row in rows:
+        dashboard.update(row)
+    dashboard.close()
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning.startswith("warning: step 2: the engine and the trainer disagree")
+    assert "k3 KL 2.50e-03 over 120 tokens" in warning and "rollout.dtype" in warning
+    assert "warning" not in dashboard.stream.getvalue()  # the status lines stay clean
+
+    term = Terminal()
+    live = Dashboard(4, stream=term)
+    for row in rows:
+        live.update(row)
+    live.close()
+    assert term.getvalue().count("warning: step 2:") == 1
