@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +25,7 @@ from relayrl.eval.metrics import mean_maj_at_k, mean_pass_at_k
 from relayrl.eval.sets import set_metrics, set_summaries
 from relayrl.models.loading import encode_prompt
 from relayrl.rewards.dispatch import grade_detail
+from relayrl.rewards.pool import FirstGraderError
 from relayrl.rollout.environment import (
     Episode,
     SingleTurnEnvironment,
@@ -85,28 +84,7 @@ class EvalReport:
         }
 
 
-class _FirstGraderError:
-    """The first error a grader raised in this process's in-process grading: printed once,
-    as the grading pool prints its own (``relayrl.rewards.pool``)."""
-
-    def __init__(self) -> None:
-        self.first: str | None = None
-        self._lock = threading.Lock()
-
-    def report(self, problem: Problem, exc: Exception) -> None:
-        with self._lock:
-            if self.first is not None:
-                return
-            self.first = f"problem {problem.id!r} (grader {problem.grader!r}): {exc!r}"
-        print(
-            "warning: a grader raised during evaluation and scored 0 (only the first is "
-            f"printed): {self.first}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-GRADER_ERRORS = _FirstGraderError()
+GRADER_ERRORS = FirstGraderError("scored 0 in evaluation, as in training")
 
 
 def _grade_one(problem: Problem, completion: str) -> Verdict:
@@ -119,7 +97,7 @@ def _grade_one(problem: Problem, completion: str) -> Verdict:
     except Exception as exc:  # noqa: BLE001 - a user grader may raise anything
         if getattr(exc, "fatal", False):
             raise
-        GRADER_ERRORS.report(problem, exc)
+        GRADER_ERRORS.report(problem, repr(exc))
         return Verdict(0.0, None)
     return Verdict(float(reward), (info or {}).get("extracted"))
 

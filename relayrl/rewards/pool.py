@@ -178,6 +178,28 @@ class _Worker:
         self.conn.close()
 
 
+class FirstGraderError:
+    """The first error a grader raised, printed once on stderr (later ones are only counted):
+    the grading pool's, and in-process evaluation's (``relayrl.eval.evaluate``). ``what``
+    says what became of the answer."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.first: str | None = None
+        self._lock = threading.Lock()
+
+    def report(self, problem: Problem, detail: str) -> None:
+        with self._lock:
+            if self.first is not None:
+                return
+            self.first = f"problem {problem.id!r} (grader {problem.grader!r}): {detail}"
+        print(
+            f"warning: a grader raised and {self.what} (only the first is printed): {self.first}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class GradingPool:
     """``workers`` grading processes; see the module docstring for the failure semantics."""
 
@@ -202,7 +224,7 @@ class GradingPool:
         self._jobs: queue.Queue[tuple[Future, Problem, str] | None] = queue.Queue()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()
-        self.first_error: str | None = None
+        self.first_error = FirstGraderError("scored 0, counted as status 'error'")
         self._closed = False
         self._threads = [
             threading.Thread(target=self._feed, name=f"grader-{i}", daemon=True)
@@ -306,7 +328,7 @@ class GradingPool:
                     continue
                 self._count("graded", result.status)
                 if result.status == "error":
-                    self._report_first_error(problem, result.detail)
+                    self.first_error.report(problem, result.detail)
                 future.set_result(result)
         finally:
             if worker is not None:
@@ -349,18 +371,6 @@ class GradingPool:
         if reply[0] == "ok":
             return worker, RewardResult(reply[1], "ok", info=reply[2], seconds=elapsed)
         return worker, RewardResult(0.0, reply[0], reply[1], seconds=elapsed)
-
-    def _report_first_error(self, problem: Problem, detail: str) -> None:
-        with self._lock:
-            if self.first_error is not None:
-                return
-            self.first_error = f"problem {problem.id!r} (grader {problem.grader!r}): {detail}"
-        print(
-            f"warning: a grader raised, scored 0 and counted as status 'error' (only the "
-            f"first is printed): {self.first_error}",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def _replace(self, worker: _Worker) -> None:
         worker.stop()

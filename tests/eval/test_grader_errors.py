@@ -10,6 +10,7 @@ import pytest
 from relayrl.eval import evaluate as evaluation
 from relayrl.eval.evaluate import in_process_grader
 from relayrl.rewards.dispatch import register_grader
+from relayrl.rewards.pool import FirstGraderError
 from relayrl.tasks.base import Problem
 from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
@@ -22,9 +23,7 @@ def raising_grader(problem: Problem, completion: str) -> float:
 @pytest.fixture(autouse=True)
 def first_error_unprinted(monkeypatch):
     """This process's first in-process grading error not yet printed."""
-    latch = getattr(evaluation, "_FirstGraderError", None)
-    if latch is not None:
-        monkeypatch.setattr(evaluation, "GRADER_ERRORS", latch())
+    monkeypatch.setattr(evaluation, "GRADER_ERRORS", FirstGraderError("scored 0 in evaluation"))
 
 
 def test_a_raising_grader_scores_zero_and_is_printed_once(capsys):

@@ -164,13 +164,25 @@ def test_rare_publication_is_capped_so_admission_never_starves(eta):
     η + 1 steps, and 12 steps finish."""
     assert publish_interval(100, eta) == eta + 1
     rng = random.Random(eta)
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=eta, max_new_tokens=8, dynamic_sampling=False
-    )
+    options = small(eta=eta)
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     assert asyncio.run(drive(ctrl, servers, 12, eta, rng, publish_every=100)) <= eta
     assert ctrl.published_version >= 12 - (eta + 1)
+
+
+def small(**kw) -> ControllerOptions:
+    """Options of the small runs below: groups of 2 samples, 2 prompts a step, 8 new
+    tokens, no dynamic-sampling filter; ``kw`` (``eta`` at least) overrides."""
+    return ControllerOptions(
+        **{
+            "n_samples": 2,
+            "prompts_per_step": 2,
+            "max_new_tokens": 8,
+            "dynamic_sampling": False,
+            **kw,
+        }
+    )
 
 
 def test_failing_generation_stops_the_run_after_the_limit(capsys):
@@ -181,14 +193,7 @@ def test_failing_generation_stops_the_run_after_the_limit(capsys):
     async def broken(ids, params, key):
         raise ValueError("bad request")
 
-    options = ControllerOptions(
-        n_samples=2,
-        prompts_per_step=2,
-        eta=1,
-        max_new_tokens=8,
-        max_consecutive_errors=5,
-        dynamic_sampling=False,
-    )
+    options = small(eta=1, max_consecutive_errors=5)
     ctrl = make_controller(None, options, lambda p, t: FakeReward(1.0), generate=broken)
     with pytest.raises(RelayError, match="5 groups failed in a row: bad request"):
         one_batch(ctrl)
@@ -201,14 +206,7 @@ def test_failing_generation_stops_the_run_after_the_limit(capsys):
 
 def filtering(prompts_per_step: int = 2, eta: int = 1, **kw) -> ControllerOptions:
     """Options with dynamic sampling on, groups of two samples."""
-    return ControllerOptions(
-        n_samples=2,
-        prompts_per_step=prompts_per_step,
-        eta=eta,
-        max_new_tokens=8,
-        dynamic_sampling=True,
-        **kw,
-    )
+    return small(eta=eta, prompts_per_step=prompts_per_step, dynamic_sampling=True, **kw)
 
 
 def test_dynamic_sampling_that_drops_everything_stops_the_run():
@@ -280,9 +278,7 @@ def test_filter_cap_still_stops_a_run_whose_groups_are_all_equal():
 
 def test_async_actually_overlaps_and_reaches_eta():
     rng = random.Random(0)
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=2, max_new_tokens=8, dynamic_sampling=False
-    )
+    options = small(eta=2)
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))
     assert asyncio.run(drive(ctrl, servers, 20, 2, rng)) >= 1  # stale samples do get trained
@@ -290,9 +286,7 @@ def test_async_actually_overlaps_and_reaches_eta():
 
 def test_rejected_groups_are_replaced_and_not_counted():
     rng = random.Random(1)
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=3, eta=0, max_new_tokens=8, dynamic_sampling=True
-    )
+    options = small(eta=0, prompts_per_step=3, dynamic_sampling=True)
     servers = FakeServers(rng)
 
     # prompts with an even number are 'all equal' (filtered), odd ones mixed
@@ -319,14 +313,7 @@ def test_rejected_groups_are_replaced_and_not_counted():
 
 def test_long_prompts_are_skipped_and_counted():
     rng = random.Random(2)
-    options = ControllerOptions(
-        n_samples=1,
-        prompts_per_step=8,
-        eta=0,
-        max_new_tokens=8,
-        max_context=64,
-        dynamic_sampling=False,
-    )
+    options = small(eta=0, n_samples=1, prompts_per_step=8, max_context=64)
     servers = FakeServers(rng)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), problems(40, 2))
 
@@ -346,9 +333,7 @@ def test_generation_error_rejects_the_group_only():
             raise ValueError("bad request")
         return await servers.generate(ids, params, key)
 
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8, dynamic_sampling=False
-    )
+    options = small(eta=0)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=flaky)
     assert len(one_batch(ctrl)) == 2
     assert ctrl.counters["rejected_error"] == 1
@@ -385,9 +370,7 @@ def test_sample_still_aborted_rejects_its_group_and_is_never_trained():
             out.finish_reason, out.resubmissions = "abort", 32
         return out
 
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=0, max_new_tokens=8, dynamic_sampling=False
-    )
+    options = small(eta=0)
     ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0), generate=gives_up_once)
     batch = one_batch(ctrl)
     assert [g.key for g in batch] == ["g1", "g2"]
@@ -404,9 +387,7 @@ def test_an_error_while_admitting_stops_the_run_instead_of_hanging():
     def refuse(problem):
         raise RelayError("model.system_prompt: the tokenizer's chat template refuses it")
 
-    options = ControllerOptions(
-        n_samples=2, prompts_per_step=2, eta=1, max_new_tokens=8, dynamic_sampling=False
-    )
+    options = small(eta=1)
     ctrl = make_controller(FakeServers(random.Random(0)), options, lambda p, t: FakeReward(1.0))
     ctrl._encode = refuse
 
