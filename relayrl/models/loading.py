@@ -36,6 +36,17 @@ def check_prompt_template(tokenizer, system_prompt: str | None) -> None:
     prompt_text(tokenizer, "1 + 1 = ?", system_prompt)
 
 
+def check_model_path(path: str | None, system_prompt: str | None) -> None:
+    """``model.path`` is a model directory whose tokenizer loads, and its chat template
+    takes ``model.system_prompt`` (a template that refuses a system turn is an error
+    naming the key). Without ``model.path`` the run builds its own tokenizer (no
+    template): nothing to check."""
+    if not path:
+        return
+    model_dir = check_model_dir(path, key="model.path")
+    check_prompt_template(load_tokenizer(model_dir), system_prompt)
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 

@@ -18,6 +18,7 @@ import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.models.loading import (
+    check_model_path,
     prefer_shape_agnostic_attention,
     prompt_text,
     quiet_libraries,
@@ -231,9 +232,8 @@ def run_sft(config: RunConfig, progress: bool = True, overwrite: bool = True) ->
     quiet_libraries()  # no "Writing model shards" bar under the SFT progress bar
     task = make_task(config.task.name, config.task.params)
     from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
-    from relayrl.train.run.start import check_model
 
-    check_model(config)
+    check_model_path(config.model.path, config.model.system_prompt)
     claim_run_dir(run_dir_of(config), overwrite=overwrite)
     run_dir = prepare_run_dir(config)
     if config.model.path:

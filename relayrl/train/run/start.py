@@ -6,36 +6,24 @@ ends in one ``error:`` line naming its key, and an earlier run under the same na
 exactly as it was (``relayrl.config.loader.claim_run_dir`` runs after this, the run
 directory is written only after both).
 
-Imports: config, eval (held-out sets), models (loading), the train prompts of relayrl.train.run.setup, the
-loggers' and ranks' checks.
+Imports: config, eval (held-out sets), models (loading: the model directory and its chat
+template), the train prompts of relayrl.train.run.setup, the loggers' and ranks' checks.
 """
 
 from __future__ import annotations
 
 from relayrl.config.schema import RunConfig
 from relayrl.eval.sets import default_datasets, eval_problems
+from relayrl.models.loading import check_model_path
 from relayrl.train.distributed import check_trainer_ranks
 from relayrl.train.loggers import check_loggers
 from relayrl.train.run.setup import train_problems
 
 
-def check_model(config: RunConfig) -> None:
-    """``model.path`` is a model directory whose tokenizer loads, and its chat template
-    takes ``model.system_prompt`` (a template that refuses a system turn is an error
-    naming the key). Without ``model.path`` the run builds its own tokenizer (no
-    template): nothing to check."""
-    from relayrl.models.loading import check_model_dir, check_prompt_template, load_tokenizer
-
-    if not config.model.path:
-        return
-    model_dir = check_model_dir(config.model.path, key="model.path")
-    check_prompt_template(load_tokenizer(model_dir), config.model.system_prompt)
-
-
 def check_run_inputs(config: RunConfig) -> None:
     """The model, the train dataset, the held-out sets (``eval.datasets``, or the train
     dataset's test split), the loggers' packages and the trainer ranks."""
-    check_model(config)
+    check_model_path(config.model.path, config.model.system_prompt)
     if config.rollout.dataset:
         train_problems(config, None)
     if default_datasets(config):  # a rollout.dataset without a held-out set is an error
