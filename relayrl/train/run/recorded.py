@@ -31,6 +31,7 @@ from typing import Any
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.models.loading import check_model_path
 from relayrl.report.logs import numbered_jsonl, read_jsonl
 from relayrl.rollout.trajectory import StalenessError, Trajectory
 from relayrl.rollout.trajectory import check_staleness as check_bound
@@ -178,7 +179,6 @@ def run_replay(
     ``overwrite=False``: an earlier run in that directory is an error.
     """
     from relayrl.config.loader import claim_run_dir, prepare_run_dir, run_dir_of
-    from relayrl.train.run.start import check_model
 
     source = Path(source)
     config = with_progress(config, progress)
@@ -186,7 +186,7 @@ def run_replay(
     config = replay_config(config, source)
     check_staleness(steps, config.rollout.eta_bound)
     check_loggers(config)
-    check_model(config)
+    check_model_path(config.model.path, config.model.system_prompt)
     claim_run_dir(run_dir_of(config), overwrite=overwrite)
     for line in config_differences(config, source):
         print(f"replay differs from the recorded run: {line}", flush=True)
