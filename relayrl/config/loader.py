@@ -8,6 +8,7 @@ bytes of aliases expand to 10^9 nodes), and so is a file over 1 MiB: :class:`Con
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -180,9 +181,13 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
     return data, lines
 
 
+LIST_INDEX = re.compile(r"\[(\d+)\]")  # eval.datasets[0].grader = eval.datasets.0.grader
+
+
 def parse_override(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as (dotted key, YAML value); ``[N]`` in the key is the part ``N``."""
     key, sep, raw = text.partition("=")
-    key = key.strip()
+    key = LIST_INDEX.sub(r".\1", key.strip())
     if not sep or not key:
         raise RelayError(f"bad override {text!r}; expected KEY=VALUE, e.g. sft.lr=1e-3")
     try:
@@ -206,6 +211,81 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
             node[part] = child
         node = child
     node[parts[-1]] = value
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The section class ``annotation`` holds: ``X`` or ``X | None``."""
+    if _section_class(annotation) is not None:
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        models = [a for a in typing.get_args(annotation) if _section_class(a) is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list
+
+
+def _part_annotation(annotation: Any, part: str) -> Any:
+    """The annotation of ``part`` inside a value of ``annotation``: a list's item, a
+    section's field; None where the schema does not say (a free mapping's keys)."""
+    if _is_list(annotation):
+        return typing.get_args(annotation)[0]
+    model = _model_of(annotation)
+    field = model.model_fields.get(part) if model is not None else None
+    return field.annotation if field is not None else None
+
+
+def _as_mapping(value: Any, annotation: Any) -> dict:
+    """``value``, found where a sub-key is set, as a mapping: a section's shorthand (a
+    dataset's plain path) is what the section reads it as (``{data: PATH}``); anything else
+    is replaced, and validation reports a wrong replacement."""
+    model = _model_of(annotation)
+    if value is None or model is None:
+        return {}
+    try:
+        return model.model_validate(value).model_dump(exclude_unset=True)
+    except ValidationError:
+        return {}
+
+
+def _list_index(items: list, part: str, key: str, dotted: str) -> int:
+    """``part`` as an index of ``items`` (the list at ``dotted``); else an error."""
+    if part.isdigit() and int(part) < len(items):
+        return int(part)
+    which = f"0 to {len(items) - 1}" if items else "none: it is empty"
+    raise RelayError(
+        f"override '{key}': '{dotted}' is a list; name an entry by its index ({which}), "
+        f"e.g. {dotted}.0.KEY or {dotted}[0].KEY"
+    )
+
+
+def _apply_override(data: dict, key: str, value: Any) -> None:
+    """Set the dotted ``key`` of one override in ``data`` (the config read so far). A part
+    ``N`` under a list picks its entry (``eval.datasets.0.grader``); a section given by
+    its shorthand (``rollout.dataset: FILE``) becomes its mapping before a sub-key is set,
+    so ``rollout.dataset.prompt_field=q`` keeps the path."""
+    parts = key.split(".")
+    node: Any = data
+    annotation: Any = RunConfig
+    for depth, part in enumerate(parts):
+        above = ".".join(parts[:depth])
+        slot = _list_index(node, part, key, above) if isinstance(node, list) else part
+        annotation = _part_annotation(annotation, part)
+        if depth == len(parts) - 1:
+            node[slot] = value
+            return
+        child = node[slot] if isinstance(node, list) else node.get(slot)
+        if _is_list(annotation) and not isinstance(child, list):
+            here = f"{above}.{part}" if above else part
+            raise RelayError(
+                f"override '{key}': '{here}' has no entries to set a key of; give the whole "
+                f"list, e.g. {here}='[...]'"
+            )
+        if not isinstance(child, dict | list):
+            child = node[slot] = _as_mapping(child, annotation)
+        node = child
 
 
 def _describe(annotation: Any) -> str:
@@ -277,7 +357,7 @@ def load_config(
         key, value = parse_override(text)
         override_keys.add(key)
         _check_keys(_nest(key, value), RunConfig, "", lambda _, k=key: f"override '{k}': ")
-        _set_dotted(data, key, value)
+        _apply_override(data, key, value)
     if plugins:
         own = data.get("plugins") or []
         data["plugins"] = [*(own if isinstance(own, list) else [own]), *plugins]

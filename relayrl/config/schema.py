@@ -172,6 +172,13 @@ class DataSource(Section):
         "recognised from the rows); graders see the whole row as problem.row",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_is_data(cls, source: object) -> object:
+        """A plain path (``rollout.dataset=FILE``, an ``eval.datasets`` entry) is
+        ``{data: FILE}``; the config loader reads it so too before setting a sub-key."""
+        return {"data": source} if isinstance(source, str) else source
+
     @field_validator("grader")
     @classmethod
     def _registered(cls, grader: str | None) -> str | None:
@@ -417,12 +424,6 @@ class RolloutConfig(Section):
         "seed and v (uniform), clipped to v at the first steps; keeps the last η + 1 weight "
         "snapshots in memory; no rollout servers, no checkpoints",
     )
-
-    @field_validator("dataset", mode="before")
-    @classmethod
-    def _dataset_path_or_mapping(cls, dataset: object) -> object:
-        """``rollout.dataset=FILE`` is ``{data: FILE}``."""
-        return {"data": dataset} if isinstance(dataset, str) else dataset
 
     @field_validator("eta", mode="before")
     @classmethod
