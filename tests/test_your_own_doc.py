@@ -51,11 +51,15 @@ def test_every_block_of_the_page_runs(tmp_path):
             name, body = block.split("\n", 1)
             (tmp_path / name.removeprefix("# file: ").strip()).write_text(body)
     assert output.count("final_pass@1=") == 3
-    assert output.count("pass@1=") >= 6  # three evals and three runs
+    assert output.count("pass@1=") >= 7  # four evals and three runs
     columns = "['choices', 'question', 'solution']"
     assert (
         f"rollout.dataset.answer_field='answer': no such column; the row's columns: {columns}"
         in output
+    )
+    assert (
+        f"qa_test.jsonl:1: --answer-field='soluton': no such column; the row's columns: "
+        f"{columns}; did you mean 'solution'?" in output
     )
     assert "dataset: chain_sum" in output  # the reasoning_gym task's config
     assert "unknown task 'sumz' (did you mean 'sums'?)" in output

@@ -4,6 +4,10 @@ built-in engine in this process, or with rollout servers already running
 someone else), grade (math-verify / sandboxed code in a process pool), report pass@1,
 unbiased pass@k and maj@k, and write a per-problem JSONL.
 
+A dataset's rows become problems as training reads them: ``--prompt-field``,
+``--answer-field``, ``--id-field``, ``--template`` and ``--grader`` are ``rollout.dataset``'s
+keys as flags (``relayrl.cli.common.data_source``), read by ``relayrl.eval.sets.load_source``.
+
 With ``--server-url`` the rollout backend of ``--engine`` (``relayrl.launch.backends``)
 gives the client class and the read-only protocol check; ``relayrl.eval.remote`` turns the
 client into the engine :func:`relayrl.eval.evaluate.evaluate` runs on. ``--model`` is still
@@ -17,7 +21,9 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from relayrl.cli.common import DATA_SOURCE_OPTIONS, add_data_source_arguments, data_source
 from relayrl.errors import RelayError
+from relayrl.tasks.datasets import FLAGS, setting_name
 
 HELP = "evaluate a model on a benchmark or synthetic task: pass@1, pass@k, maj@k"
 
@@ -31,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="benchmark name (gsm8k, math500, aime24, aime25, humaneval, "
         "math_train), a synthetic task (arithmetic, countdown: its test "
-        "split), or a .jsonl/.parquet file",
+        "split), a .jsonl/.parquet file, a directory datasets' save_to_disk wrote (its test "
+        "split) or hub:<name>",
     )
     parser.add_argument(
         "--task-params",
@@ -87,13 +94,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bearer token of --server-url (default: $RELAYRL_API_KEY or the contents of "
         "$RELAYRL_API_KEY_FILE; prefer those: a command line is visible to other users)",
     )
+    add_data_source_arguments(parser)
 
 
-def _load(args: argparse.Namespace):
-    from relayrl.tasks.datasets import load_problems
+def load_eval_problems(args: argparse.Namespace):
+    """``--data``'s test problems: a synthetic task's, else the dataset's read with the
+    columns, template and grader flags by the training path's reader (errors name flags)."""
+    from relayrl.eval.sets import load_source
     from relayrl.tasks.registry import TASKS, make_task
 
     if args.data in TASKS:
+        _no_row_options(args)
         task = make_task(args.data, _task_params(args.task_params))
         return task.problems("test", args.limit or 500, seed=args.task_seed)
     if args.task_params is not None:
@@ -101,7 +112,19 @@ def _load(args: argparse.Namespace):
             f"--task-params: --data {args.data!r} is not a synthetic task "
             f"(one of {sorted(TASKS)}); a dataset takes no task parameters"
         )
-    return load_problems(args.data, data_root=args.data_root, limit=args.limit)
+    source = data_source(args)
+    return load_source(source, FLAGS, "test", limit=args.limit, data_root=args.data_root)
+
+
+def _no_row_options(args: argparse.Namespace) -> None:
+    """A synthetic task has no rows: a column, template or grader flag is an error."""
+    given = [option for option in DATA_SOURCE_OPTIONS if getattr(args, option) is not None]
+    if given:
+        raise RelayError(
+            f"{setting_name(FLAGS, given[0])}: --data {args.data!r} is a synthetic task, "
+            "whose problems have no columns; the column, template and grader flags are for "
+            "a dataset"
+        )
 
 
 def _task_params(text: str | None) -> dict:
@@ -227,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     config = _run_config(args)
     check_model_dir(args.model)
     tokenizer = load_tokenizer(args.model)
-    problems = _load(args)
+    problems = load_eval_problems(args)
     if not problems:
         raise RelayError(f"dataset {args.data!r} has no problems")
     torch.set_num_threads(args.threads)

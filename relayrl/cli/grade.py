@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relayrl.cli.common import add_data_source_arguments, data_source
 from relayrl.errors import RelayError
 
 HELP = "grade a predictions JSONL file ({id, completion} rows) against a dataset"
@@ -27,14 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", type=Path, help="folder with the benchmark files")
     parser.add_argument("--workers", type=int, default=2, help="grading processes (default 2)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per item")
-    parser.add_argument(
-        "--grader",
-        help="grader of a user file: math | code | countdown | a registered one (default: "
-        "recognised from the file's fields)",
-    )
-    parser.add_argument("--id-field", help="id field of a user file (default id)")
-    parser.add_argument("--prompt-field", help="prompt field of a user file (default prompt)")
-    parser.add_argument("--answer-field", help="answer field of a user file (default answer)")
+    add_data_source_arguments(parser)
 
 
 def read_predictions(path: Path, known: set[str]) -> tuple[list[tuple[int, str, str]], list[str]]:
@@ -71,19 +65,11 @@ def read_predictions(path: Path, known: set[str]) -> tuple[list[tuple[int, str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    from relayrl.rewards.dispatch import GRADERS
+    from relayrl.eval.sets import load_source
     from relayrl.rewards.pool import GradingPool
-    from relayrl.tasks.datasets import FieldMap, load_problems
+    from relayrl.tasks.datasets import FLAGS
 
-    if args.grader is not None and args.grader not in GRADERS:
-        raise RelayError(f"--grader {args.grader!r} is unknown; expected one of {sorted(GRADERS)}")
-
-    fields = None
-    if args.id_field or args.prompt_field or args.answer_field:
-        fields = FieldMap(
-            args.id_field or "id", args.prompt_field or "prompt", args.answer_field or "answer"
-        )
-    problems = load_problems(args.data, data_root=args.data_root, fields=fields, grader=args.grader)
+    problems = load_source(data_source(args), FLAGS, "test", data_root=args.data_root)
     by_id = {p.id: p for p in problems}
     graders = sorted({p.grader for p in problems})
     how = "as given" if args.grader else "recognised from the dataset"

@@ -69,14 +69,21 @@ def no_test_split(source: DataSource, task_name: str) -> str:
 
 
 def load_source(
-    source: DataSource, key: str, split: str, limit: int | None = None
+    source: DataSource,
+    key: str,
+    split: str,
+    limit: int | None = None,
+    data_root: str | Path | None = None,
 ) -> list[Problem]:
     """The problems of ``source`` (its ``split`` where the data has splits), its columns,
-    template and grader applied; errors about its columns name ``key``."""
+    template and grader applied; errors about its columns name ``key`` (a config key, or
+    ``relayrl.tasks.datasets.FLAGS`` for command-line flags). ``data_root``: the folder of
+    the known benchmarks' files (default ``$RELAYRL_DATA``)."""
     from relayrl.tasks.datasets import load_problems
 
     return load_problems(
         source.data,
+        data_root=data_root,
         fields=source.field_map(),
         template=source.template,
         grader=source.grader,

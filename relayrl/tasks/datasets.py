@@ -179,14 +179,33 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 ROLE_KEYS = {"id": "id_field", "prompt": "prompt_field", "answer": "answer_field"}
+FLAGS = "--"  # ``key`` of settings given as command-line flags (``relayrl eval``, ``grade``)
+
+
+def setting_name(key: str | None, option: str) -> str:
+    """How an error names the setting ``option`` (``answer_field``, ``template``, ...) of
+    the dataset that ``key`` named: ``KEY.option`` for a config key (``rollout.dataset``),
+    the flag ``--answer-field`` for :data:`FLAGS`, ``option`` alone for no key."""
+    if key == FLAGS:
+        return FLAGS + option.replace("_", "-")
+    return f"{key}.{option}" if key else option
+
+
+def _did_you_mean(name: str, columns: Iterable[Any]) -> str:
+    close = difflib.get_close_matches(name, [str(c) for c in columns], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _missing_column(row: dict[str, Any], name: str, where: str, key: str | None, role: str) -> str:
     """The error for a row without column ``name``; ``key`` (a config key such as
-    ``rollout.dataset``) names the setting that chose it."""
+    ``rollout.dataset``, or :data:`FLAGS`) names the setting that chose it."""
+    hint = _did_you_mean(name, row)
     if key is None:
-        return f"{where}: row missing field {name!r} (fields present: {sorted(row)})"
-    return f"{where}: {key}.{role}={name!r}: no such column; the row's columns: {sorted(row)}"
+        return f"{where}: row missing field {name!r} (fields present: {sorted(row)}){hint}"
+    return (
+        f"{where}: {setting_name(key, role)}={name!r}: no such column; "
+        f"the row's columns: {sorted(row)}{hint}"
+    )
 
 
 def _text_field(
@@ -225,10 +244,10 @@ def render_template(
         if name == PROBLEM_REF:
             return raw
         if name not in row:
-            setting = f"{key}.template" if key else "template"
             raise RelayError(
-                f"{where}: {setting} names column {{{name}}}, which the row lacks; "
-                f"the row's columns: {sorted(row)} ({{problem}} is the prompt field's text)"
+                f"{where}: {setting_name(key, 'template')} names column {{{name}}}, which the "
+                f"row lacks; the row's columns: {sorted(row)} ({{problem}} is the prompt "
+                f"field's text){_did_you_mean(name, row)}"
             )
         return _cell_text(row[name])
 
@@ -302,7 +321,8 @@ def load_problems(
     id/prompt/answer fields of user files (default :data:`USER_FIELDS`: ``id`` when the rows
     have it, ``prompt``, ``answer``); ``math`` overrides extraction settings (see
     ``MathGradeConfig``); ``limit`` keeps the first N problems; ``key``, the config key
-    that named the dataset, goes into the errors about its columns.
+    that named the dataset (:data:`FLAGS`: command-line flags), goes into the errors about
+    its columns (:func:`setting_name`).
     """
     user = RowFormat(fields or USER_FIELDS, template, grader, math, key)  # a user file's rows
     if source.startswith("hub:"):
@@ -357,9 +377,7 @@ def detect_grader(
             return grader
     if fields.answer in row or fields.answer != FieldMap.answer:
         return "math"  # a named answer column the row lacks: the error names it
-    grader, answer = (
-        (f"{key}.grader", f"{key}.answer_field") if key else ("--grader", "--answer-field")
-    )
+    grader, answer = setting_name(key, "grader"), setting_name(key, "answer_field")
     raise RelayError(
         f"{source}: cannot tell which grader its rows need (no column {fields.answer!r}; "
         f"columns {sorted(row)}); name one ({grader}: math|exact|code|countdown|a plugin's) "
@@ -371,7 +389,8 @@ def detect_grader(
 class RowFormat:
     """How a user's rows become problems: the field names, the prompt template and the
     grader (None: detected from the rows), math settings (None: the grader's default) and
-    the config key that named the rows (for errors; None: not from a config)."""
+    the config key that named the rows (for errors, :func:`setting_name`; :data:`FLAGS`:
+    command-line flags; None: neither)."""
 
     fields: FieldMap
     template: str | None = None
