@@ -21,6 +21,7 @@ from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
 from relayrl.rewards.dispatch import GRADERS, grade_detail
 from relayrl.rollout.controller import ControllerOptions, assign_advantages
+from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.registry import TASKS, make_task
@@ -144,7 +145,7 @@ def test_a_registered_workflow_runs_under_the_controller(doc):
     options = ControllerOptions(
         n_samples=3,
         prompts_per_step=2,
-        eta=0,
+        staleness=StalenessBound(0),
         max_new_tokens=8,
         temperature=0.7,
         dynamic_sampling=False,

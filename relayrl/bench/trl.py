@@ -25,8 +25,8 @@ TRL's mean time to target over the seeds / relayrl async's mean.
 
 TRL is the ``bench`` extra (``pip install -e .[bench]``), imported only inside the TRL
 side's process. Imports: config loader, tasks, rewards, model loading, the engine (for the
-base model's completion lengths), the SFT job and the RL job (``relayrl.train``), matplotlib
-for the plot.
+base model's completion lengths), the staleness bound's ``auto``, the SFT job and the RL job
+(``relayrl.train``), matplotlib for the plot.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
 from relayrl.metric_names import ELAPSED_S, EVAL_PASS_AT_1, FINAL, STEP, TIME_EVAL_S
 from relayrl.report.logs import read_jsonl
+from relayrl.rollout.eta import AUTO
 
 HELP = "TRL GRPOTrainer vs relayrl (async and sync) on the same work: time to a held-out pass@1"
 
@@ -299,7 +300,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def parse_eta(value: int | str) -> int | str:
     """``--eta``: ``auto``, an integer ≥ 1, or the default (relayrl's ``rollout.eta``)."""
-    if value in ("auto", DEFAULT_ETA):
+    if value in (AUTO, DEFAULT_ETA):
         return value
     try:
         eta = int(value)

@@ -18,7 +18,7 @@ from relayrl.plugins import load_plugins
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
 from relayrl.rewards.dispatch import GRADERS
 from relayrl.rollout.controller import ControllerOptions
-from relayrl.rollout.eta import DEFAULT_ETA_BUDGET
+from relayrl.rollout.eta import DEFAULT_ETA, DEFAULT_ETA_BUDGET, StalenessBound
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.datasets import FieldMap
 from relayrl.tasks.registry import TASKS, make_task
@@ -321,14 +321,14 @@ class RolloutConfig(Section):
         CONTROLLER.top_p, gt=0, le=1, description="nucleus sampling (1 = off, exact RL)"
     )
     eta: int | Literal["auto"] = Field(
-        4,
+        DEFAULT_ETA,
         description="staleness bound η: no sample is trained more than η versions after the "
         "oldest weights that produced it (0 = synchronous RL); auto = chosen after every "
         "step in [1, rollout.eta_max] from the batch's per-version drift and (live) the "
         "generation vs training time (docs/async.md, η = auto)",
     )
     eta_max: int = Field(
-        4,
+        DEFAULT_ETA,
         ge=1,
         description="rollout.eta=auto: the largest bound the rule may choose (default the "
         "fixed default η: auto only lowers the bound where the drift is high; docs/async.md)",
@@ -428,15 +428,13 @@ class RolloutConfig(Section):
     @field_validator("eta", mode="before")
     @classmethod
     def _eta_int_or_auto(cls, eta: object) -> object:
-        if eta == "auto" or (isinstance(eta, int) and not isinstance(eta, bool) and eta >= 0):
-            return eta
-        raise ValueError(f"rollout.eta must be a non-negative integer or 'auto', got {eta!r}")
+        return StalenessBound.validate(eta)
 
     @property
-    def eta_bound(self) -> int:
-        """The hard staleness bound: η, or with ``auto`` the largest the rule may choose
-        (what the trainer checks, the weight history keeps, checkpoints are checked by)."""
-        return self.eta_max if self.eta == "auto" else self.eta
+    def staleness(self) -> StalenessBound:
+        """``eta``, ``eta_max`` and ``eta_budget`` as the run uses them: the hard bound
+        (``.hard``), the first admission bound (``.initial``), the auto rule (``.rule()``)."""
+        return StalenessBound(self.eta, self.eta_max, self.eta_budget)
 
     @field_validator("lag")
     @classmethod

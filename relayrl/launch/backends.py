@@ -213,7 +213,7 @@ class VLLMBackend(RolloutBackend):
             # model.lora: adapters served by vLLM (one at a time now; η + 1 slots leave room
             # for the last η + 1 behaviour versions, docs/lora.md "vLLM")
             lora_rank=cfg.model.lora.r if cfg.model.lora is not None else None,
-            max_loras=cfg.rollout.eta_bound + 1,
+            max_loras=cfg.rollout.staleness.hard + 1,
         )
 
     def client_class(self) -> type[RolloutClient]:

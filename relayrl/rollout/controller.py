@@ -28,8 +28,9 @@ teacher server before the group is kept (``relayrl.rollout.distill``, one reques
 and its samples' advantages get the per-token reverse-KL reward when the batch is handed out.
 
 Imports: the engine's plain types and client error, the algo helpers, the Trajectory record,
-relayrl.rollout (workflow, prompts). Generation, decoding and grading are injected callables,
-so tests can drive the controller with fakes and the trainer with the real servers.
+relayrl.rollout (workflow, prompts, the staleness bound). Generation, decoding and grading
+are injected callables, so tests can drive the controller with fakes and the trainer with the
+real servers.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
 from relayrl.rollout.distill import TeacherScorer, apply_distillation
+from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import StalenessError, Trajectory, check_staleness
 from relayrl.rollout.workflow import (
@@ -124,9 +126,8 @@ class ControllerOptions:
 
     n_samples: int
     prompts_per_step: int
-    eta: int  # the bound (rollout.eta=auto: the first one, then set_eta)
+    staleness: StalenessBound  # rollout.eta: admission starts at .initial, set_eta moves it
     max_new_tokens: int
-    eta_max: int | None = None  # rollout.eta=auto: the largest bound (None: η is fixed)
     temperature: float = 1.0
     top_p: float = 1.0
     concurrency: int = 0
@@ -234,7 +235,7 @@ class RolloutController:
         self._filtered_in_row = 0  # all-equal groups in a row, filtered or past the cap
         self._filtered_this_step = 0  # groups dropped since the last batch was handed out
         self._gen_tokens = 0
-        self.eta = options.eta  # the bound in force (rollout.eta=auto: set_eta moves it)
+        self.eta = options.staleness.initial  # the bound in force (auto: set_eta moves it)
         self.batch_latency_s: float | None = None  # the last batch's slowest group
         self.staleness_slack: int | None = None  # the last batch's min (bound − staleness)
 
@@ -625,7 +626,7 @@ class RolloutController:
             prompt_ids=self._encode(problem),
             submit_version=int(entry["submit_version"]),
             admitted_at=time.perf_counter(),
-            eta=self.hard_bound,
+            eta=self.opt.staleness.hard,
             status=GroupStatus(entry["status"]),
         )
         if group.status is GroupStatus.READY:
@@ -634,20 +635,15 @@ class RolloutController:
             self._check_restored_staleness(group)
         return group
 
-    @property
-    def hard_bound(self) -> int:
-        """The largest bound of the run: η, or ``rollout.eta_max`` with ``auto``."""
-        return self.opt.eta if self.opt.eta_max is None else self.opt.eta_max
-
     def _check_restored_staleness(self, group: Group) -> None:
-        version = self.consumed_version
+        version, bound = self.consumed_version, self.opt.staleness.hard
         try:
-            check_staleness(group.trajectories, version, self.hard_bound)
+            check_staleness(group.trajectories, version, bound)
         except StalenessError as exc:
             worst = exc.worst
             raise RelayError(
                 f"checkpoint holds group {group.key} (prompt {group.problem.id!r}) of staleness "
-                f"{worst} at trainer version {version}, above rollout.eta={self.hard_bound}: it "
+                f"{worst} at trainer version {version}, above rollout.eta={bound}: it "
                 f"must not be trained; resume with rollout.eta >= {worst}"
             ) from None
 

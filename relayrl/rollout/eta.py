@@ -1,6 +1,10 @@
-"""``rollout.eta=auto``: the staleness bound η chosen anew after every training step.
+"""The staleness bound η of a run: fixed, or ``rollout.eta=auto``, chosen anew after every
+training step.
 
-Owns: :class:`AutoEta` (the rule), :data:`DEFAULT_ETA_BUDGET`, :data:`INITIAL_ETA`,
+Owns: :class:`StalenessBound` (``rollout.eta`` as a run uses it: the hard bound the trainer
+and a restored controller check against, the bound admission starts from, the rule when
+there is one), :func:`is_auto` (the one test of a setting for ``auto``), :class:`AutoEta`
+(the rule), :data:`AUTO`, :data:`DEFAULT_ETA`, :data:`DEFAULT_ETA_BUDGET`, :data:`INITIAL_ETA`,
 :data:`ETA_SMOOTHING`.
 The derivation, the default budget and the evidence are in docs/async.md ("η = auto").
 
@@ -33,7 +37,15 @@ Imports: nothing of relayrl.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# rollout.eta's value that lets the rule below choose the bound
+AUTO: Literal["auto"] = "auto"
+
+# the default fixed η (rollout.eta), and the largest bound auto may choose (rollout.eta_max):
+# auto then only lowers the bound where the drift is high (docs/async.md)
+DEFAULT_ETA = 4
 
 # the default rollout.eta_budget (a KL in nats per token), derived in docs/async.md from the
 # lag-emulation study's two regimes as the rule measures them: low drift reaches η = 8 when
@@ -110,3 +122,52 @@ class AutoEta:
         self.eta = min(max(int(state["eta"]), 1), self.eta_max)
         self.drift = state.get("drift")
         self.busy_ratio = state.get("busy_ratio")
+
+
+def is_auto(eta: object) -> bool:
+    """Whether a setting of η (``rollout.eta``, a staleness-grid cell's) is ``auto``."""
+    return eta == AUTO
+
+
+@dataclass(frozen=True)
+class StalenessBound:
+    """``rollout.eta`` (with ``eta_max`` and ``budget``, read only with ``auto``) as a run
+    uses it. Every sample trained is at most :attr:`hard` versions staler than the oldest
+    weights that produced it; admission starts at :attr:`initial`, and with ``auto``
+    :meth:`rule` moves the bound in force within [1, :attr:`hard`] after each step."""
+
+    eta: int | Literal["auto"]
+    eta_max: int = DEFAULT_ETA
+    budget: float = DEFAULT_ETA_BUDGET
+
+    def __post_init__(self) -> None:
+        self.validate(self.eta)  # eta_max and budget: AutoEta checks them (rule)
+
+    @staticmethod
+    def validate(eta: object) -> int | Literal["auto"]:
+        """``eta`` if it is a setting of ``rollout.eta`` (a non-negative int or ``auto``)."""
+        if is_auto(eta) or (isinstance(eta, int) and not isinstance(eta, bool) and eta >= 0):
+            return eta  # type: ignore[return-value]
+        raise ValueError(f"rollout.eta must be a non-negative integer or 'auto', got {eta!r}")
+
+    @property
+    def auto(self) -> bool:
+        """The rule chooses the bound (``rollout.eta=auto``)."""
+        return is_auto(self.eta)
+
+    @property
+    def hard(self) -> int:
+        """The largest bound of the run: η, or ``eta_max`` with ``auto``. What the trainer
+        checks every sample against, the lag-emulation weight history keeps (+1), a restored
+        controller and a replay check, and the vLLM adapter slots are sized by (+1)."""
+        return self.eta_max if self.auto else int(self.eta)
+
+    @property
+    def initial(self) -> int:
+        """The admission bound before any step: η, or with ``auto`` :data:`INITIAL_ETA`
+        (the safe end; the rule's first bound)."""
+        return INITIAL_ETA if self.auto else int(self.eta)
+
+    def rule(self) -> AutoEta | None:
+        """A fresh :class:`AutoEta` starting at :attr:`initial` with ``auto``, else None."""
+        return AutoEta(self.eta_max, self.budget, self.initial) if self.auto else None

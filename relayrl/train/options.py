@@ -93,7 +93,7 @@ class TrainerOptions:
         optim = config.optim
         return cls(
             loss=loss_config_from(config.algo),
-            eta=config.rollout.eta_bound,
+            eta=config.rollout.staleness.hard,
             temperature=config.rollout.temperature,
             max_new_tokens=config.rollout.max_new_tokens,
             lr=optim.lr,
@@ -108,7 +108,7 @@ class TrainerOptions:
             ppo_epochs=optim.ppo_epochs,
             drift_metrics=config.train.drift_metrics,
             replay=config.replay.model_copy() if config.replay.enable else None,
-            stale_kl=config.rollout.eta == "auto",
+            stale_kl=config.rollout.staleness.auto,
             autocast_bf16=config.train.mixed_precision == "bf16" and config.train.world_size == 1,
         )
 

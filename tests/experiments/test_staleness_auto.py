@@ -29,7 +29,7 @@ def test_parse_etas_accepts_auto_in_etas_only():
 def test_auto_cell_config(tmp_path):
     cell = plan.Cell("naive", "auto", 1)
     config = plan.cell_config(cell, plan.FULL, tmp_path / "m", tmp_path)
-    assert (config.rollout.eta, config.rollout.eta_bound, config.name) == (
+    assert (config.rollout.eta, config.rollout.staleness.hard, config.name) == (
         "auto",
         4,  # rollout.eta_max's default: the fixed default η
         "naive-etaauto-seed1",

@@ -14,7 +14,7 @@ from relayrl.algo.losses import stale_kl_per_version
 from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
 from relayrl.rollout.controller import ControllerOptions
-from relayrl.rollout.eta import DEFAULT_ETA_BUDGET, AutoEta
+from relayrl.rollout.eta import DEFAULT_ETA_BUDGET, AutoEta, StalenessBound
 
 
 def test_drift_rule_grows_by_one_and_shrinks_at_once():
@@ -94,9 +94,9 @@ def test_stale_kl_per_version_hand_computed():
 
 def test_config_eta_int_or_auto():
     config = load_config(None, ["rollout.eta=auto", "rollout.eta_max=6"])
-    assert (config.rollout.eta, config.rollout.eta_bound) == ("auto", 6)
+    assert (config.rollout.eta, config.rollout.staleness.hard) == ("auto", 6)
     assert config.rollout.eta_budget == DEFAULT_ETA_BUDGET
-    assert load_config(None, ["rollout.eta=3"]).rollout.eta_bound == 3
+    assert load_config(None, ["rollout.eta=3"]).rollout.staleness.hard == 3
     for bad in ("fast", "-1", "2.5"):
         with pytest.raises(RelayError, match=r"rollout\.eta.*non-negative integer or 'auto'"):
             load_config(None, [f"rollout.eta={bad}"])
@@ -141,7 +141,11 @@ def test_a_moving_bound_keeps_every_sample_within_its_admission_bound():
         rng = random.Random(100 + trial)
         n, b = rng.randint(1, 4), rng.randint(1, 4)
         options = ControllerOptions(
-            n_samples=n, prompts_per_step=b, eta=1, max_new_tokens=8, dynamic_sampling=False
+            n_samples=n,
+            prompts_per_step=b,
+            staleness=StalenessBound(1),
+            max_new_tokens=8,
+            dynamic_sampling=False,
         )
         servers = FakeServers(rng)
         ctrl = make_controller(servers, options, lambda p, t: FakeReward(1.0))

@@ -20,6 +20,7 @@ from relayrl.rollout.controller import (
     filter_cap,
     request_seed,
 )
+from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import per_item, per_request
 from relayrl.tasks.base import Problem
@@ -144,7 +145,7 @@ def test_staleness_bound_under_random_delays(trial):
     options = ControllerOptions(
         n_samples=(n := rng.randint(1, 4)),
         prompts_per_step=rng.randint(1, 4),
-        eta=eta,
+        staleness=StalenessBound(eta),
         max_new_tokens=8,
         dynamic_sampling=n >= 2 and rng.random() < 0.5,
         concurrency=rng.choice([0, 0, 6]),
@@ -171,11 +172,12 @@ def test_rare_publication_is_capped_so_admission_never_starves(eta):
     assert ctrl.published_version >= 12 - (eta + 1)
 
 
-def small(**kw) -> ControllerOptions:
-    """Options of the small runs below: groups of 2 samples, 2 prompts a step, 8 new
-    tokens, no dynamic-sampling filter; ``kw`` (``eta`` at least) overrides."""
+def small(eta: int, **kw) -> ControllerOptions:
+    """Options of the small runs below: a fixed bound ``eta``, groups of 2 samples, 2
+    prompts a step, 8 new tokens, no dynamic-sampling filter; ``kw`` overrides."""
     return ControllerOptions(
         **{
+            "staleness": StalenessBound(eta),
             "n_samples": 2,
             "prompts_per_step": 2,
             "max_new_tokens": 8,

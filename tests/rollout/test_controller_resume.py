@@ -12,6 +12,7 @@ import pytest
 
 from relayrl.errors import RelayError
 from relayrl.rollout.controller import ControllerOptions
+from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.prompts import PromptLoader
 from tests.rollout.test_controller import FakeReward, FakeServers, make_controller, problems
 
@@ -45,7 +46,7 @@ async def train(ctrl, servers, steps, eta, version, rng, stop_at=None):
 def test_resumed_controller_trains_the_same_prompts_in_the_same_order(seed):
     rng = random.Random(seed)
     eta, steps, stop_at = 2, 10, rng.randint(2, 7)
-    options = ControllerOptions(eta=eta, **OPTIONS, dynamic_sampling=False)
+    options = ControllerOptions(staleness=StalenessBound(eta), **OPTIONS, dynamic_sampling=False)
 
     def run(ctrl, servers, *args, **kw):
         return asyncio.run(train(ctrl, servers, *args, **kw))
@@ -89,7 +90,7 @@ def state_at(eta: int, stop_at: int, seed: int) -> dict:
     servers = FakeServers(rng)
     ctrl = make_controller(
         servers,
-        ControllerOptions(eta=eta, **OPTIONS, dynamic_sampling=False),
+        ControllerOptions(staleness=StalenessBound(eta), **OPTIONS, dynamic_sampling=False),
         lambda p, t: FakeReward(1.0),
     )
     return asyncio.run(train(ctrl, servers, 9, eta, 0, rng, stop_at))[1]
@@ -101,7 +102,7 @@ def test_restored_group_beyond_eta_is_refused():
     assert any(min(t["versions"]) < 3 for g in ready for t in g["trajectories"])
     strict = make_controller(
         FakeServers(random.Random(0)),
-        ControllerOptions(eta=0, **OPTIONS, dynamic_sampling=False),
+        ControllerOptions(staleness=StalenessBound(0), **OPTIONS, dynamic_sampling=False),
         None,
     )
     with pytest.raises(RelayError, match="above rollout.eta=0: it must not be trained"):
@@ -110,7 +111,7 @@ def test_restored_group_beyond_eta_is_refused():
 
 def test_changed_prompts_are_refused():
     state = state_at(eta=1, stop_at=2, seed=1)
-    options = ControllerOptions(eta=1, **OPTIONS, dynamic_sampling=False)
+    options = ControllerOptions(staleness=StalenessBound(1), **OPTIONS, dynamic_sampling=False)
     other = make_controller(FakeServers(random.Random(1)), options, None, probs=problems(50)[::-1])
     with pytest.raises(RelayError, match="train prompts changed since the checkpoint"):
         other.load_state_dict(state)

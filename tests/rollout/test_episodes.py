@@ -22,6 +22,7 @@ from relayrl.rollout.environment import (
     StepResult,
     register_environment,
 )
+from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.tools import (
     CalcEnvironment,
@@ -162,7 +163,7 @@ def controller(policy: FakePolicy, probs, eta: int, max_new_tokens: int = 200, *
     options = ControllerOptions(
         n_samples=4,
         prompts_per_step=3,
-        eta=eta,
+        staleness=StalenessBound(eta),
         max_new_tokens=max_new_tokens,
         **{"dynamic_sampling": False, **kw},
     )

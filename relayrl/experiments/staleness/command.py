@@ -1,7 +1,7 @@
 """``relayrl experiment staleness``: arguments, the SFT base, the grid run and the results
 page (see the package docstring).
 
-Imports: this package's modules, SFT, the config loader.
+Imports: this package's modules, SFT, the config loader, the staleness bound's ``auto``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 from relayrl.errors import RelayError
 from relayrl.experiments.staleness.join import write_joined
 from relayrl.experiments.staleness.plan import (
-    AUTO,
     COMPARED,
     FULL,
     OVER_ETA,
@@ -40,6 +39,7 @@ from relayrl.experiments.staleness.stats import (
     default_target,
     group,
 )
+from relayrl.rollout.eta import is_auto
 
 HELP = "staleness ablation: naive async vs decoupled PPO over η, and D-ARL at η = 4, 8"
 
@@ -203,7 +203,7 @@ def parse_etas(text: str, flag: str, auto: bool = False) -> tuple[Eta, ...]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
     words = "integers or auto" if auto else "integers"
     try:
-        etas = tuple(p if auto and p == AUTO else int(p) for p in parts)
+        etas = tuple(p if auto and is_auto(p) else int(p) for p in parts)
     except ValueError:
         raise RelayError(f"{flag}: expected comma-separated {words}, got {text!r}") from None
     if any(isinstance(e, int) and e < 0 for e in etas) or len(set(etas)) != len(etas):

@@ -1,7 +1,7 @@
 """The staleness grid's plan: the methods and their presets, the run budgets (full and
 --quick), the cells, and each cell's run config and identifying settings.
 
-Imports: the config loader and run budget, errors.
+Imports: the config loader and run budget, errors, the staleness bound's ``auto``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from relayrl.config.budget import RunBudget
 from relayrl.errors import RelayError
+from relayrl.rollout.eta import is_auto
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -108,14 +109,13 @@ GRID_FIELDS = (
 )
 
 
-# a cell's staleness bound: an integer η or "auto" (rollout.eta=auto, docs/async.md)
+# a cell's staleness bound: an integer η or AUTO (rollout.eta=auto, docs/async.md)
 Eta = int | str
-AUTO = "auto"
 
 
 def eta_key(eta: Eta) -> tuple[int, int]:
     """Sort key of η values: the integers in order, then ``auto``."""
-    return (1, 0) if eta == AUTO else (0, int(eta))
+    return (1, 0) if is_auto(eta) else (0, int(eta))
 
 
 def fixed_etas(etas: Sequence[Eta]) -> list[int]:

@@ -110,7 +110,7 @@ class LaggedSource:
 
         cfg = setup.config
         self.setup = setup
-        self.history = WeightHistory(cfg.rollout.eta_bound + 1)
+        self.history = WeightHistory(cfg.rollout.staleness.hard + 1)
         self.history.add(setup.trainer.version, setup.trainer.model)
         model = load_model(setup.model_dir, cfg.model.device, cfg.model.dtype)
         self.engine = Engine(model, setup.tokenizer, backend.server_spec().engine_options())

@@ -184,7 +184,7 @@ def run_replay(
     config = with_progress(config, progress)
     steps = load_recorded_steps(source)[: config.train.total_steps]
     config = replay_config(config, source)
-    check_staleness(steps, config.rollout.eta_bound)
+    check_staleness(steps, config.rollout.staleness.hard)
     check_loggers(config)
     check_model_path(config.model.path, config.model.system_prompt)
     claim_run_dir(run_dir_of(config), overwrite=overwrite)

@@ -30,7 +30,7 @@ from relayrl.rollout.controller import (
     filter_cap,
 )
 from relayrl.rollout.distill import TeacherScorer
-from relayrl.rollout.eta import INITIAL_ETA, AutoEta
+from relayrl.rollout.eta import AutoEta
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import WORKFLOWS, GenerateFn, GenerateGroupFn
 from relayrl.runkey import key_from_env
@@ -43,9 +43,8 @@ def controller_options(config: RunConfig) -> ControllerOptions:
     return ControllerOptions(
         n_samples=r.n_samples,
         prompts_per_step=r.prompts_per_step,
-        eta=INITIAL_ETA if r.eta == "auto" else r.eta,
+        staleness=r.staleness,
         max_new_tokens=r.max_new_tokens,
-        eta_max=r.eta_max if r.eta == "auto" else None,
         temperature=r.temperature,
         top_p=r.top_p,
         concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
@@ -110,9 +109,7 @@ class RolloutSide:
         # and math-verify in a process's main thread (its signal.alarm timeouts)
         if pool.verifies:
             setup.training.grader = pool_grader(pool)
-        r = config.rollout
-        auto = AutoEta(r.eta_max, r.eta_budget, INITIAL_ETA) if r.eta == "auto" else None
-        return cls(controller, pool, auto)
+        return cls(controller, pool, config.rollout.staleness.rule())
 
     def next_eta(self, stats: dict[str, Any], timed: bool) -> dict[str, Any]:
         """After a step: with ``rollout.eta=auto`` feed the rule the batch's drift (and,
