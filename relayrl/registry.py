@@ -1,10 +1,13 @@
 """Name → implementation tables behind the extension seams (losses, advantage estimators,
-tasks, graders, workflows, rollout backends, weight transports): one lookup with a helpful
-error, one registration rule.
+tasks, graders, workflows, rollout backends, weight transports, launchers, metric loggers):
+one lookup with a helpful error, one registration rule.
 
-Owns: :class:`Registry`, and the two registries whose implementations live above the config
-layer, :data:`ROLLOUT_BACKENDS` (``rollout.engine``, filled by ``relayrl.launch.backends``)
-and :data:`WEIGHT_TRANSPORTS` (``train.weight_transport``, ``relayrl.launch.publish``). The
+Owns: :class:`Registry`, :func:`load_path`, and the registries whose implementations live
+above the config layer, :data:`ROLLOUT_BACKENDS` (``rollout.engine``, filled by
+``relayrl.launch.backends``), :data:`WEIGHT_TRANSPORTS` (``train.weight_transport``,
+``relayrl.launch.publish``), :data:`LAUNCHERS` (``launcher``, ``relayrl.launch.launchers``;
+its default :data:`DEFAULT_LAUNCHER`) and :data:`LOGGERS` (``train.loggers``,
+``relayrl.train.loggers``). The
 config validates names against them without importing those layers: their built-in entries
 are named here by import path (``"module:Class"``) and loaded on first lookup; a plugin's
 class, registered before the config is loaded, is found like a built-in one.
@@ -25,8 +28,13 @@ class _Path(str):
     """An entry registered by import path, ``"package.module:Name"``, loaded on lookup."""
 
     def load(self) -> Any:
-        module, _, attr = self.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return load_path(self)
+
+
+def load_path(path: str) -> Any:
+    """The object at import ``path``, ``"package.module:Name"`` (imported now)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class Registry(dict[str, T], Generic[T]):
@@ -49,10 +57,13 @@ class Registry(dict[str, T], Generic[T]):
         self[name] = item
         return item
 
-    def add_class(self, cls: Any) -> Any:
-        """Register a subclass of ``base`` under its ``name`` attribute (a class decorator)."""
-        if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):
-            raise TypeError(f"a {self.kind} must subclass {self.base.__name__}, got {cls!r}")
+    def add_class(self, cls: Any, base: type | None = None) -> Any:
+        """Register a subclass of ``base`` (default: the registry's) under its ``name``
+        attribute (a class decorator). A registry below its base class's layer is made
+        without one; its ``register_*`` decorator passes it."""
+        base = base or self.base
+        if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"a {self.kind} must subclass {base.__name__}, got {cls!r}")
         name = getattr(cls, "name", "")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{cls.__name__} needs a class attribute 'name'")
@@ -97,3 +108,16 @@ ROLLOUT_BACKENDS.add_path("vllm", "relayrl.launch.backends:VLLMBackend")
 WEIGHT_TRANSPORTS: Registry[Any] = Registry("weight transport")
 WEIGHT_TRANSPORTS.add_path("disk", "relayrl.launch.publish:DiskPublisher")
 WEIGHT_TRANSPORTS.add_path("broadcast", "relayrl.launch.publish:BroadcastPublisher")
+
+# launcher: a relayrl.launch.launchers.Launcher subclass (``register_launcher``); the default
+# places everything on this node, the one launcher that also serves rollout.lag's emulation
+DEFAULT_LAUNCHER = "local"
+LAUNCHERS: Registry[Any] = Registry("launcher")
+LAUNCHERS.add_path("local", "relayrl.launch.launchers:LocalLauncher")
+LAUNCHERS.add_path("ray", "relayrl.launch.launchers:RayLauncher")
+
+# train.loggers: a relayrl.train.loggers.MetricSink subclass (``register_logger``)
+LOGGERS: Registry[Any] = Registry("metric logger")
+LOGGERS.add_path("tensorboard", "relayrl.train.loggers:TensorBoardSink")
+LOGGERS.add_path("wandb", "relayrl.train.loggers:WandbSink")
+LOGGERS.add_path("mlflow", "relayrl.train.loggers:MlflowSink")

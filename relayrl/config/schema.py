@@ -15,7 +15,13 @@ from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, LossConfig, loss_class
 from relayrl.engine.types import EngineOptions
 from relayrl.plugins import load_plugins
-from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS
+from relayrl.registry import (
+    DEFAULT_LAUNCHER,
+    LAUNCHERS,
+    LOGGERS,
+    ROLLOUT_BACKENDS,
+    WEIGHT_TRANSPORTS,
+)
 from relayrl.rewards.dispatch import GRADERS
 from relayrl.rollout.controller import ControllerOptions
 from relayrl.rollout.eta import DEFAULT_ETA, DEFAULT_ETA_BUDGET, StalenessBound
@@ -706,10 +712,12 @@ class TrainConfig(Section):
         "update's own forward when one AdamW step covers the batch; ppo in mini-batches "
         "pays one more pass before); docs/async.md",
     )
-    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
+    loggers: list[str] | None = Field(
         None,
-        description="metric loggers besides metrics.jsonl (null = [tensorboard] when "
-        "tensorboard is installed, else []); wandb / mlflow need relayrl[wandb] / relayrl[mlflow]",
+        description="metric loggers besides metrics.jsonl: names registered in "
+        f"relayrl.registry.LOGGERS, built in {', '.join(LOGGERS)} (docs/observability.md; a "
+        "plugin's: docs/extending.md); null = [tensorboard] when tensorboard is installed, "
+        "else []; wandb / mlflow need relayrl[wandb] / relayrl[mlflow]",
     )
     wandb_project: str = Field("relayrl", description="W&B project")
     wandb_mode: Literal["offline", "online", "disabled"] | None = Field(
@@ -773,6 +781,12 @@ class TrainConfig(Section):
     @classmethod
     def _registered_transport(cls, name: str) -> str:
         return WEIGHT_TRANSPORTS.check(name)  # a ValueError names the registered transports
+
+    @field_validator("loggers")
+    @classmethod
+    def _registered_loggers(cls, names: list[str] | None) -> list[str] | None:
+        # a ValueError names the registered loggers
+        return None if names is None else [LOGGERS.check(name) for name in names]
 
 
 class ReplayConfig(Section):
@@ -938,10 +952,11 @@ class RunConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
-    launcher: Literal["local", "ray"] = Field(
-        "local",
-        description="who starts the rollout servers and trainer ranks 1..N-1: local = child "
-        "processes of this one; ray = Ray actors placed by placement groups (ray.*, "
+    launcher: str = Field(
+        DEFAULT_LAUNCHER,
+        description="who starts the rollout servers and trainer ranks 1..N-1, a name "
+        "registered in relayrl.registry.LAUNCHERS (a plugin's: docs/extending.md): local = "
+        "child processes of this one; ray = Ray actors placed by placement groups (ray.*, "
         "docs/cluster.md)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
@@ -967,12 +982,13 @@ class RunConfig(Section):
 
     @field_validator("launcher")
     @classmethod
-    def _lag_needs_no_launcher(cls, launcher: str, info: ValidationInfo) -> str:
+    def _registered_launcher(cls, launcher: str, info: ValidationInfo) -> str:
+        LAUNCHERS.check(launcher)  # a ValueError names the registered launchers
         rollout = info.data.get("rollout")
-        if launcher == "ray" and rollout is not None and rollout.lag != "async":
+        if launcher != DEFAULT_LAUNCHER and rollout is not None and rollout.lag != "async":
             raise ValueError(
                 f"rollout.lag={rollout.lag} starts no rollout server (it generates in this "
-                "process); launcher=ray needs rollout.lag=async"
+                f"process); launcher={launcher} needs rollout.lag=async"
             )
         return launcher
 

@@ -6,8 +6,9 @@ Owns: :class:`RolloutBackend`, :func:`register_backend` (into
 backend is two things that the run, the launcher and the supervisor use and nothing else:
 
 * **launch**: :meth:`RolloutBackend.server_spec`, what one server process runs (its
-  command line and environment), from which :meth:`RolloutBackend.launcher` builds the
-  :class:`ServerLauncher` that starts, checks, kills, restarts and stops them; or, with
+  command line and environment), from which :meth:`RolloutBackend.launcher` builds, through
+  the run's ``launcher`` (``relayrl.launch.launchers``), the :class:`ServerLauncher` that
+  starts, checks, kills, restarts and stops them; or, with
   ``rollout.server_urls``, :class:`ExternalServers` (none launched, none restarted);
 * **protocol**: :meth:`RolloutBackend.client`, the :class:`RolloutClient` (sub)class speaking
   the servers' API: generate with token ids in and token ids, per-token behaviour logprobs
@@ -26,8 +27,8 @@ send it (:attr:`RolloutBackend.api_key`).
 Another engine (SGLang, say, or a plugin's, docs/extending.md) is one more subclass and one
 registry line (``@register_backend``).
 
-Imports: relayrl.config, relayrl.engine (clients), relayrl.launch.servers and .vllm,
-relayrl.errors.
+Imports: relayrl.config, relayrl.engine (clients), relayrl.launch.servers, .launchers and
+.vllm, relayrl.errors.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any, ClassVar
 from relayrl.config.schema import RunConfig
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.errors import RelayError
+from relayrl.launch.launchers import make_launcher
 from relayrl.launch.servers import ExternalServers, ServerLauncher, ServerSpec
 from relayrl.registry import ROLLOUT_BACKENDS
 from relayrl.runkey import key_from_env, new_key
@@ -106,27 +108,12 @@ class RolloutBackend(ABC):
         return replace(self.server_spec(), api_key=self.api_key)
 
     def launcher(self, run_dir: Path | None) -> ServerLauncher | ExternalServers:
+        """The servers' launcher: ``rollout.server_urls``' servers, else the ``launcher``'s
+        (``relayrl.launch.launchers``) of :meth:`launched_spec`."""
         rollout = self.config.rollout
         if rollout.server_urls:
             return ExternalServers(list(rollout.server_urls), rollout.startup_timeout_s)
-        if self.config.launcher == "ray":
-            from relayrl.launch.ray_cluster import RayServerLauncher
-
-            return RayServerLauncher(
-                self.launched_spec(),
-                rollout.num_servers,
-                rollout.server_mode,
-                log_dir=run_dir,
-                startup_timeout_s=rollout.startup_timeout_s,
-                ray_config=self.config.ray,
-            )
-        return ServerLauncher(
-            self.launched_spec(),
-            rollout.num_servers,
-            rollout.server_mode,
-            log_dir=run_dir,
-            startup_timeout_s=rollout.startup_timeout_s,
-        )
+        return make_launcher(self.config).server_launcher(self.launched_spec(), run_dir)
 
     async def check_servers(self, client: RolloutClient) -> None:
         """:meth:`check_server` on every server of ``client`` (before training)."""
@@ -140,9 +127,7 @@ class RolloutBackend(ABC):
 def register_backend(cls: type[RolloutBackend]) -> type[RolloutBackend]:
     """Class decorator: make ``cls`` (a :class:`RolloutBackend` with a ``name``) a choice of
     ``rollout.engine``."""
-    if not (isinstance(cls, type) and issubclass(cls, RolloutBackend)):
-        raise TypeError(f"a rollout backend must subclass RolloutBackend, got {cls!r}")
-    return ROLLOUT_BACKENDS.add_class(cls)
+    return ROLLOUT_BACKENDS.add_class(cls, RolloutBackend)
 
 
 @register_backend

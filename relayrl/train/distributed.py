@@ -30,8 +30,9 @@ environment (:func:`rendezvous_store`), and the store stops accepting connection
 group has formed (:func:`relayrl.engine.wire.relayrl_transfer_wire.stop_listening`).
 Under torchrun, torchrun's own store is used.
 
-Imports: torch.distributed, relayrl.config, relayrl.engine.wire (the store's socket), relayrl.models.loading, relayrl.train.fsdp,
-relayrl.launch.servers (free_port), relayrl.errors, relayrl.train.options.
+Imports: torch.distributed, relayrl.config, relayrl.engine.wire (the store's socket),
+relayrl.models.loading, relayrl.train.fsdp, relayrl.launch.servers (free_port) and
+.launchers (who starts ranks 1..N−1), relayrl.registry, relayrl.errors, relayrl.train.options.
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ def check_trainer_ranks(config: RunConfig) -> None:
             f"train.backend=nccl needs CUDA (model.device={config.model.device!r}, "
             f"torch.cuda.is_available()={torch.cuda.is_available()}); use train.backend=gloo"
         )
-    # launcher=ray: only rank 0 runs here; Ray places the others (or says it cannot)
-    here = 1 if config.launcher == "ray" else t.world_size
+    from relayrl.launch.launchers import make_launcher
+
+    here = make_launcher(config).ranks_here()  # e.g. ray: rank 0 only, Ray places the others
     if on_cuda and here > torch.cuda.device_count():
         raise RelayError(
             f"train.world_size={t.world_size} needs {t.world_size} GPUs; this node has "
@@ -406,12 +408,12 @@ def make_trainer(
     secret = secrets.token_urlsafe(32)
     if under_torchrun:
         workers = WorkerRanks({}, {}, log_dir)
-    elif config.launcher == "ray":  # ranks 1..N-1 as Ray actors (docs/cluster.md)
-        from relayrl.train.ray_ranks import RayWorkerRanks
+    else:  # ranks 1..N-1 as the launcher starts them: subprocesses, Ray actors (docs/cluster.md)
+        from relayrl.launch.launchers import make_launcher
+        from relayrl.registry import load_path
 
-        workers = RayWorkerRanks.spawn(config, port, log_dir, secret)
-    else:
-        workers = WorkerRanks.spawn(config, port, log_dir, secret)
+        ranks: type[WorkerRanks] = load_path(make_launcher(config).trainer_ranks)
+        workers = ranks.spawn(config, port, log_dir, secret)
     rendezvous = None
     try:
         if port is not None:

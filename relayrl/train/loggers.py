@@ -1,13 +1,17 @@
 """Metric loggers besides ``metrics.jsonl``: TensorBoard, Weights & Biases, MLflow.
 
-Owns: :class:`MetricSink` (the interface), one sink per backend, :func:`resolve_loggers`
-(the ``train.loggers`` default) and :func:`open_sinks`. Every backend is imported lazily and
+Owns: :class:`MetricSink` (the base class), :func:`register_logger` (into
+``relayrl.registry.LOGGERS``, the names ``train.loggers`` accepts), one sink per backend,
+:func:`resolve_loggers` (the ``train.loggers`` default), :func:`check_loggers` and
+:func:`open_sinks`. Another backend (a plugin's, docs/extending.md) is one subclass and one
+registry line (``@register_logger``). Every backend is imported lazily and
 is offline-safe by default: TensorBoard writes event files under ``<run>/tb``; W&B runs in
 offline mode (files under ``<run>/wandb``) unless ``train.wandb_mode`` or ``$WANDB_MODE``
 says otherwise; MLflow writes a file store at ``<run>/mlruns`` unless
 ``train.mlflow_tracking_uri`` or ``$MLFLOW_TRACKING_URI`` names another.
 
-Imports: the standard library, the config schema and errors; the backends lazily.
+Imports: the standard library, the config schema, the registry and errors; the backends
+lazily.
 """
 
 from __future__ import annotations
@@ -15,20 +19,37 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
+from relayrl.registry import LOGGERS
 
-EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
+class MetricSink(ABC):
+    """One metric logger of a run, opened as ``cls(run_dir, config)``: every step's numeric
+    metrics go to :meth:`log`, :meth:`close` at the end. ``name`` is its ``train.loggers``
+    entry; ``package``, when set, the module it imports, checked before any sink opens and
+    installed by ``pip install '<install>'``."""
 
-class MetricSink(Protocol):
+    name: ClassVar[str]
+    package: ClassVar[str | None] = None
+    install: ClassVar[str] = ""
+
+    @abstractmethod
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
+    @abstractmethod
     def close(self) -> None: ...
+
+
+def register_logger(cls: type[MetricSink]) -> type[MetricSink]:
+    """Class decorator: make ``cls`` (a :class:`MetricSink` with a ``name``) a choice of
+    ``train.loggers``."""
+    return LOGGERS.add_class(cls, MetricSink)
 
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -62,17 +83,25 @@ def resolve_loggers(configured: list[str] | None) -> list[str]:
     return list(dict.fromkeys(configured))
 
 
-def require(name: str) -> None:
-    """Raise a RelayError naming the extra to install when backend ``name`` is missing."""
-    if not installed(name):
+def require(name: str) -> type[MetricSink]:
+    """The logger registered as ``name``; a RelayError names what to install when its
+    package is missing."""
+    sink = LOGGERS.lookup(name)
+    if sink.package is not None and not installed(sink.package):
         raise RelayError(
-            f"train.loggers includes '{name}' but the {name} package is not installed: "
-            f"pip install 'relayrl[{EXTRAS[name]}]' (or remove '{name}' from train.loggers)"
+            f"train.loggers includes '{name}' but the {sink.package} package is not installed: "
+            f"pip install '{sink.install or sink.package}' (or remove '{name}' from "
+            "train.loggers)"
         )
+    return sink
 
 
-class TensorBoardSink:
+@register_logger
+class TensorBoardSink(MetricSink):
     """Scalars under ``<run>/tb``; the resolved config as a text summary."""
+
+    name = package = "tensorboard"
+    install = "relayrl[tensorboard]"
 
     def __init__(self, run_dir: Path, config: RunConfig) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -98,7 +127,13 @@ def wandb_mode(configured: str | None, environ: Mapping[str, str]) -> str | None
     return None if environ.get("WANDB_MODE") else "offline"
 
 
-class WandbSink:
+@register_logger
+class WandbSink(MetricSink):
+    """A W&B run, offline unless ``train.wandb_mode`` or ``$WANDB_MODE`` says otherwise."""
+
+    name = package = "wandb"
+    install = "relayrl[wandb]"
+
     def __init__(self, run_dir: Path, config: RunConfig) -> None:
         import wandb
 
@@ -130,7 +165,13 @@ def mlflow_key(key: str) -> str:
     return re.sub(r"[^\w\-. /]", "_", key.replace("@", "_at_"))
 
 
-class MlflowSink:
+@register_logger
+class MlflowSink(MetricSink):
+    """An MLflow run, in ``<run>/mlruns`` unless a tracking URI is configured."""
+
+    name = package = "mlflow"
+    install = "relayrl[mlflow]"
+
     def __init__(self, run_dir: Path, config: RunConfig) -> None:
         import mlflow
 
@@ -151,9 +192,6 @@ class MlflowSink:
         self.mlflow.end_run()
 
 
-SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "mlflow": MlflowSink}
-
-
 def check_loggers(config: RunConfig) -> list[str]:
     """The backends ``train.loggers`` resolves to; raises naming the extra of a missing one."""
     names = resolve_loggers(config.train.loggers)
@@ -164,4 +202,4 @@ def check_loggers(config: RunConfig) -> list[str]:
 
 def open_sinks(run_dir: Path, config: RunConfig) -> list[MetricSink]:
     """The sinks ``train.loggers`` asks for; every package is checked before any opens."""
-    return [SINKS[name](run_dir, config) for name in check_loggers(config)]
+    return [LOGGERS.lookup(name)(run_dir, config) for name in check_loggers(config)]

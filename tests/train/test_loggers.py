@@ -9,8 +9,10 @@ import pytest
 
 from relayrl.config.loader import load_config
 from relayrl.errors import RelayError
+from relayrl.registry import LOGGERS
 from relayrl.report.logs import read_jsonl
 from relayrl.train.loggers import (
+    MetricSink,
     check_loggers,
     installed,
     mlflow_key,
@@ -70,13 +72,33 @@ def test_missing_backend_names_the_extra_before_anything_starts(
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_logger_names_are_the_registered_ones(tmp_path, tiny_model_dir, monkeypatch):
+    """A typo is refused at load with the nearest name; a registered logger whose package is
+    missing names what to install (its own requirement, not a relayrl extra)."""
+    with pytest.raises(RelayError, match=r"unknown metric logger 'mlfow' \(did you mean 'mlflow'"):
+        load_config(None, ["train.loggers=[mlfow]"])
+
+    class Needy(MetricSink):
+        name, package, install = "needy", "needy_client", "needy-client>=1"
+
+        def log(self, metrics, step): ...
+
+        def close(self): ...
+
+    monkeypatch.setitem(LOGGERS, "needy", Needy)
+    config = rl_config(tmp_path, tiny_model_dir, "train.loggers=[needy]")
+    with pytest.raises(
+        RelayError, match="the needy_client package is not installed: pip install 'needy-client>=1'"
+    ):
+        check_loggers(config)
+
+
 ROWS = [{"step": 1, "reward_mean": 0.25, "eval_pass@1": 0.5}, {"step": 2, "reward_mean": 0.75}]
 
 
 def log_rows(run_dir, backend: str, monkeypatch) -> None:
     """ROWS through a RunLogger whose only sink is ``backend``, with no tracking variables."""
     from relayrl.config.loader import load_config
-    from relayrl.train.loggers import SINKS
     from relayrl.train.metrics import RunLogger
 
     for var in ("WANDB_MODE", "MLFLOW_TRACKING_URI", "WANDB_API_KEY"):
@@ -84,7 +106,7 @@ def log_rows(run_dir, backend: str, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir.mkdir()
     config = load_config(None, [f"output_dir={run_dir.parent}", f"name={run_dir.name}"])
-    logger = RunLogger(run_dir, [SINKS[backend](run_dir, config)])
+    logger = RunLogger(run_dir, [LOGGERS.lookup(backend)(run_dir, config)])
     for row in ROWS:
         logger.log_step(row)
     logger.close()

@@ -1,13 +1,14 @@
 """Preflight checks of the machine a run needs: backend environment, sandbox, run directory.
 
 Owns: :func:`check_environment` (``rollout.engine=vllm``: the vLLM environment's Python
-exists and imports vllm; ``launcher=ray``: ray imports; ``train.loggers``' packages;
-``train.world_size`` on this machine), :func:`check_sandbox` (the sandbox backend runs a
-known-good and a known-bad program, when the run grades code) and :func:`check_run_dir`
-(the run directory can be created or written and is private, its run key is 0600 and ours,
-the fixed ports are free; nothing in an existing run directory is touched).
+exists and imports vllm; the launcher's own check, ``launcher=ray``: ray imports;
+``train.loggers``' packages; ``train.world_size`` on this machine), :func:`check_sandbox`
+(the sandbox backend runs a known-good and a known-bad program, when the run grades code)
+and :func:`check_run_dir` (the run directory can be created or written and is private, its
+run key is 0600 and ours, the fixed ports are free; nothing in an existing run directory is
+touched).
 
-Imports: config, errors, launch (backends, vllm), rewards (sandbox), runkey,
+Imports: config, errors, launch (backends, launchers, vllm), rewards (sandbox), runkey,
 relayrl.train (loggers, distributed).
 """
 
@@ -29,14 +30,16 @@ VLLM_IMPORT_TIMEOUT_S = 150.0
 
 def check_environment(ctx: CheckContext) -> str:
     """The backend's, the launcher's, the loggers' and the trainer ranks' environment."""
+    from relayrl.launch.launchers import make_launcher
     from relayrl.train.distributed import check_trainer_ranks
     from relayrl.train.loggers import check_loggers
 
     config = ctx.config
     assert config is not None
     parts = [_backend_environment(ctx)]
-    if config.launcher == "ray":
-        parts.append(_ray_environment())
+    launcher = make_launcher(config).check_environment()
+    if launcher is not None:
+        parts.append(launcher)
     loggers = check_loggers(config)
     parts.append(f"loggers: {', '.join(loggers) or 'metrics.jsonl only'}")
     check_trainer_ranks(config)
@@ -78,17 +81,6 @@ def _import_vllm(python: str) -> str:
             f"{python} cannot import vllm: {lines[-1] if lines else out.returncode}", fix
         )
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "?"
-
-
-def _ray_environment() -> str:
-    try:
-        import ray
-    except ImportError as exc:
-        raise CheckFailed(
-            f"launcher=ray but ray does not import ({exc})",
-            "pip install 'ray[default]' (docs/cluster.md) or set launcher=local",
-        ) from exc
-    return f"launcher=ray: ray {ray.__version__} imports"
 
 
 def check_sandbox(ctx: CheckContext) -> str:
