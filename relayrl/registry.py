@@ -5,7 +5,7 @@ one lookup with a helpful error, one registration rule.
 Owns: :class:`Registry`, :func:`load_path`, and the registries whose implementations live
 above the config layer, :data:`ROLLOUT_BACKENDS` (``rollout.engine``, filled by
 ``relayrl.launch.backends``), :data:`WEIGHT_TRANSPORTS` (``train.weight_transport``,
-``relayrl.launch.publish``), :data:`LAUNCHERS` (``launcher``, ``relayrl.launch.launchers``;
+``relayrl.sync.transports``), :data:`LAUNCHERS` (``launcher``, ``relayrl.launch.launchers``;
 its default :data:`DEFAULT_LAUNCHER`) and :data:`LOGGERS` (``train.loggers``,
 ``relayrl.train.loggers``). The
 config validates names against them without importing those layers: their built-in entries
@@ -104,10 +104,10 @@ ROLLOUT_BACKENDS: Registry[Any] = Registry("rollout backend")
 ROLLOUT_BACKENDS.add_path("builtin", "relayrl.launch.backends:BuiltinBackend")
 ROLLOUT_BACKENDS.add_path("vllm", "relayrl.launch.backends:VLLMBackend")
 
-# train.weight_transport: a relayrl.launch.publish.WeightPublisher subclass (``register_transport``)
+# train.weight_transport: a relayrl.sync.transports.WeightPublisher subclass (``register_transport``)
 WEIGHT_TRANSPORTS: Registry[Any] = Registry("weight transport")
-WEIGHT_TRANSPORTS.add_path("disk", "relayrl.launch.publish:DiskPublisher")
-WEIGHT_TRANSPORTS.add_path("broadcast", "relayrl.launch.publish:BroadcastPublisher")
+WEIGHT_TRANSPORTS.add_path("disk", "relayrl.sync.transports.disk:DiskPublisher")
+WEIGHT_TRANSPORTS.add_path("broadcast", "relayrl.sync.transports.broadcast:BroadcastPublisher")
 
 # launcher: a relayrl.launch.launchers.Launcher subclass (``register_launcher``); the default
 # places everything on this node, the one launcher that also serves rollout.lag's emulation

@@ -6,7 +6,7 @@ Per preset: two ``relayrl serve`` processes (``--engine vllm``: vLLM servers, st
 run starts them, ``relayrl.launch.vllm``) over a fresh model, and this process as the
 trainer. Each round publishes new weights (seeded noise on the model) once per transport,
 the transports alternating within the round so both see the same machine load, each through
-its real publisher (``relayrl.launch.publish``) and the real client, ``publish_mode=retract``,
+its real publisher (``relayrl.sync.transports``) and the real client, ``publish_mode=retract``,
 servers idle. Per publication:
 
 * ``hold_s``: the trainer is held (``WeightPublisher.snapshot``): disk = write the safetensors
@@ -19,7 +19,7 @@ servers idle. Per publication:
   resume it (``relayrl.engine.vllm_client``);
 * ``total_s`` = hold + load. Medians over the rounds; the ratios are broadcast / disk.
 
-``--checks``: also the cost of a publication's checks (``relayrl.launch.publication``), per
+``--checks``: also the cost of a publication's checks (``relayrl.sync.transaction``), per
 transport: each round publishes through the run's own transaction (``Publication`` under a
 ``ServerSupervisor``) three ways, alternating: no checks, verify (version and checksum, on
 the trainer and on each server), verify + canary (a model copy, 8 tokens per server, the
@@ -109,7 +109,7 @@ async def publish_rounds(
 ) -> dict[str, dict]:
     """Time ``rounds`` publications per transport through a ``client_class`` client; per
     transport, the median seconds of each phase."""
-    from relayrl.launch.publish import BroadcastPublisher, DiskPublisher, ModelSource
+    from relayrl.sync.transports import BroadcastPublisher, DiskPublisher, ModelSource
 
     source = ModelSource(model)
     publishers = {"disk": DiskPublisher(), "broadcast": BroadcastPublisher(120.0, 10**9)}
@@ -146,8 +146,8 @@ LORA_KINDS = ("full", "adapter")
 def lora_sources(model_dir: Path, rank: int) -> dict:
     """The full-weights and the adapter-only weight source over the same base model."""
     from relayrl.config.schema import LoraConfig
-    from relayrl.launch.publish import ModelSource
     from relayrl.models.loading import load_model
+    from relayrl.sync.transports import ModelSource
     from relayrl.train.lora import apply_lora, save_adapter_snapshot
 
     class AdapterSource:
@@ -175,8 +175,8 @@ async def lora_rounds(urls: list[str], model_dir: Path, root: Path, args) -> dic
     """``args.rounds`` disk publications per kind (full, adapter), alternating; per kind the
     bytes of one snapshot and the median seconds of each phase."""
     from relayrl.engine.client import RolloutClient
-    from relayrl.launch.publication import snapshot_checksum
-    from relayrl.launch.publish import DiskPublisher
+    from relayrl.sync.transaction import snapshot_checksum
+    from relayrl.sync.transports import DiskPublisher
 
     sources, publisher = lora_sources(model_dir, args.lora), DiskPublisher()
     times = {k: {"hold_s": [], "load_s": [], "total_s": []} for k in LORA_KINDS}
@@ -249,6 +249,8 @@ class _Listener:
     def fail(self, exc: BaseException) -> None:
         raise exc
 
+    failure = None
+
 
 CHECKS = {"none": (False, 0), "verify": (True, 0), "verify+canary": (True, 1)}
 
@@ -258,9 +260,10 @@ async def check_rounds(launcher, model, root: Path, rounds: int, client_class: t
     transaction with each of :data:`CHECKS` (verify on/off, canary every publication/never),
     alternating; plus the overheads."""
     from relayrl.config.schema import TrainConfig
-    from relayrl.launch.publication import Canary, Publication
-    from relayrl.launch.publish import ModelSource, make_publisher
     from relayrl.launch.supervisor import ServerSupervisor
+    from relayrl.sync.canary import Canary
+    from relayrl.sync.transports import ModelSource, make_publisher
+    from relayrl.sync.weight_sync import WeightSync
 
     source, version, out = ModelSource(model), 1000, {}
     async with client_class(list(launcher.urls), timeout=600.0) as client:
@@ -274,10 +277,10 @@ async def check_rounds(launcher, model, root: Path, rounds: int, client_class: t
             )
             runs = {}
             for name, (verify, every) in CHECKS.items():
-                supervisor = ServerSupervisor(
-                    launcher, client, 0, publisher=publisher, verify=verify
+                supervisor = ServerSupervisor(launcher, client, 0)
+                runs[name] = WeightSync(
+                    supervisor, publisher, root, _Listener(), Canary(every), verify=verify
                 )
-                runs[name] = Publication(supervisor, publisher, root, _Listener(), Canary(every))
             times: dict[str, list[float]] = {name: [] for name in CHECKS}
             for r in range(rounds + 1):  # the first round untimed (group, first snapshot)
                 names = list(CHECKS) if r % 2 == 0 else list(CHECKS)[::-1]

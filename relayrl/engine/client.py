@@ -343,7 +343,7 @@ class RolloutClient:
 
     async def init_weights_update_group(self, url: str, body: dict[str, Any]) -> Any:
         """Ask the server at ``url`` to join a weight-transfer group (the broadcast transport:
-        ``relayrl.launch.publish``); returns when it has joined."""
+        ``relayrl.sync.transports.broadcast``); returns when it has joined."""
         return await self._request("POST", url, "/init_weights_update_group", body)
 
     async def update_weights_from_distributed(self, url: str, body: dict[str, Any]) -> Any:

@@ -29,7 +29,7 @@ vLLM's wire protocol instead of the SGLang-style one:
   output and are resubmitted (prefilled again under the new weights); ``keep``
   (``train.publish_mode=inflight``): they stay in the engine with their KV and continue under
   the new weights, their spans recording where the version changed.
-* the broadcast transport (``train.weight_transport=broadcast``, ``relayrl.launch.publish``):
+* the broadcast transport (``train.weight_transport=broadcast``, ``relayrl.sync.transports.broadcast``):
   :meth:`VLLMClient.init_weights_update_group` and
   :meth:`VLLMClient.update_weights_from_distributed` take the built-in server's endpoint
   bodies and make them ``/collective_rpc`` calls of the extension's ``relayrl_join_group``
@@ -378,7 +378,7 @@ class VLLMClient(RolloutClient):
 
     async def init_weights_update_group(self, url: str, body: dict[str, Any]) -> Any:
         """Have the server at ``url`` join a weight-transfer group (the built-in endpoint's
-        body, ``relayrl.launch.publish``); returns when it has joined."""
+        body, ``relayrl.sync.transports.broadcast``); returns when it has joined."""
         if body.get("backend", "gloo") != "gloo":
             raise RolloutServerError(
                 url, f"backend: {body['backend']!r} is not available on vLLM servers ('gloo')", 400
@@ -400,7 +400,7 @@ class VLLMClient(RolloutClient):
         return result | {"weight_version": version}
 
     # ------------------------------------------------------------------ generation
-    PAUSES_TO_LOAD = True  # a load pauses the server around it (relayrl.launch.publication)
+    PAUSES_TO_LOAD = True  # a load pauses the server around it (relayrl.sync.transaction)
     GENERATE_PATH = "/inference/v1/generate"
     BATCHED_GENERATE = False  # no list form; a group is one request with n (generate_many)
 

@@ -1,10 +1,14 @@
 """Keep a run's rollout servers alive: notice a dead or hung server, restart it with the
-latest published weights, and let the client resubmit the requests it lost.
+weights it must serve, and let the client resubmit the requests it lost.
 
-Owns: :class:`ServerSupervisor`. It serialises everything that changes which weights the
-servers hold — publication (load, with or without an aborting pause) and restarts — behind
-one asyncio lock, so a restarted server always loads the newest published version and never
-misses one.
+Owns: :class:`ServerSupervisor` (restarts and the watchdog) and the three Protocols it is
+written against. Which weights the servers serve is not its business but
+``relayrl.sync.WeightSync``'s, which it sees only as :class:`ServedWeights`: on a restart it
+asks it for the snapshot the replacement loads and tells it of the replacement; its
+watchdog asks it which servers a publication has kept paused too long. Everything that
+changes which weights the servers hold (a publication, a restart) runs under the
+supervisor's one asyncio :attr:`ServerSupervisor.lock`, so a restarted server always loads
+the newest published version and never misses one.
 
 How failures are noticed:
 
@@ -18,17 +22,19 @@ How failures are noticed:
 
 The watchdog never waits for the lock to look: a server that hangs while a publication holds
 the lock (the publication waiting on that very server) is still found and killed, which ends
-the publication's wait with a connection error; the publication then restarts the server
-itself. Only a server being started (between spawn and healthy) is left alone.
+the publication's wait with a connection error; the publication then has the server
+restarted (:meth:`ServerSupervisor.restart_unreachable`, under the lock it holds). Only a
+server being started (between spawn and healthy) is left alone.
 
 A restart: kill the old process if alive, start a new one on a new port, wait until healthy,
-load the newest publication's disk snapshot with its version (when the newest publication
-was broadcast only, its held weights are written to disk first: the replacement never starts
-older than what was published, so no token it generates is staler than the bound allows),
-reroute the client, and tell the weight publisher (``relayrl.launch.publish``: the broadcast
-transport re-forms its transfer group under a new name). Restarts are counted over the run;
-one more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming
-the server, its exit status, the limit and the log.
+load :meth:`ServedWeights.restart_source` (the newest publication's disk snapshot with its
+version, written first when the newest publication was broadcast only: the replacement never
+starts older than what was published, so no token it generates is staler than the bound
+allows; without weights to serve, the model directory it started from), reroute the client,
+and tell :meth:`ServedWeights.server_replaced` (the broadcast transport re-forms its transfer
+group; a broadcast-only publication is caught up). Restarts are counted over the run; one
+more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming the
+server, its exit status, the limit and the log.
 
 What the supervisor needs of the servers and of the client is written down as two
 Protocols, :class:`SupervisedServers` (``relayrl.launch.servers.ServerLauncher``, its Ray
@@ -36,7 +42,8 @@ subclass and ``ExternalServers`` implement it) and :class:`SupervisedClient`
 (``relayrl.engine.client.RolloutClient`` and ``VLLMClient``); the tests' fakes implement the
 same two (tests/launch/test_supervisor.py checks both sides against them).
 
-Imports: relayrl.engine.client, relayrl.launch (servers, publish, publication), relayrl.errors.
+Imports: relayrl.engine.client, relayrl.launch.servers, relayrl.errors; never relayrl.sync
+(which imports this module).
 """
 
 from __future__ import annotations
@@ -44,23 +51,17 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from relayrl.engine.adapter import Adapter
-from relayrl.engine.client import RolloutServerError, WeightsReport
+from relayrl.engine.client import RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.launch.publication import Deadlines, PublicationSteps
-from relayrl.launch.publish import DiskPublisher, Snapshot, WeightPublisher
 from relayrl.launch.servers import healthy
 
 WATCH_INTERVAL_S = 0.5
 HEALTH_EVERY_S = 2.0
 HEALTH_TIMEOUT_S = 5.0
-
-
-PUBLISH_MODES = ("retract", "abort", "inflight")
 
 # a server's state as the watchdog last saw it (ServerSupervisor.server_state)
 UP, UNANSWERED, RESTARTING, DOWN = "up", "unanswered", "restarting", "down"
@@ -107,24 +108,12 @@ class SupervisedServers(Protocol):
 
 
 class SupervisedClient(Protocol):
-    """The rollout client as the supervisor drives it: publication and failover."""
+    """The rollout client as the supervisor drives it: failover, and a replacement's
+    weights."""
 
     recover: Callable[[str], Awaitable[str]] | None  # set by the supervisor
 
     urls: list[str]
-
-    async def pause(self, mode: str = ..., urls: list[str] | None = ...) -> Any:
-        """Pause every server, or ``urls`` (``abort``: running requests return, to be
-        resubmitted)."""
-        ...
-
-    async def continue_generation(self, urls: list[str] | None = ...) -> Any:
-        """Resume the servers (or ``urls``) after :meth:`pause`."""
-        ...
-
-    async def weights_report(self, url: str) -> WeightsReport:
-        """The version the server at ``url`` serves and the checksum of what it loaded."""
-        ...
 
     async def update_weights(
         self,
@@ -141,6 +130,30 @@ class SupervisedClient(Protocol):
         ...
 
 
+class ServedWeights(Protocol):
+    """Which weights the servers serve, as a restart needs it (``relayrl.sync.WeightSync``
+    implements it). Every method is called with :attr:`ServerSupervisor.lock` held, except
+    the watchdog's two."""
+
+    async def restart_source(self) -> tuple[Path, int] | None:
+        """The disk snapshot a replacement loads and its version (None: the model directory
+        the servers started from, version 0)."""
+        ...
+
+    async def server_replaced(self, old: str, new: str) -> None:
+        """Server ``old`` was replaced by ``new``, which serves :meth:`restart_source`."""
+        ...
+
+    def paused_overdue(self) -> bool:
+        """Whether a publication has kept a server paused past its deadline (the watchdog
+        asks, without the lock)."""
+        ...
+
+    async def resume_overdue(self) -> list[str]:
+        """Resume the servers :meth:`paused_overdue` found; their URLs."""
+        ...
+
+
 class ServerSupervisor:
     """Restarts the launcher's servers for ``client``; see the module docstring."""
 
@@ -150,30 +163,19 @@ class ServerSupervisor:
         client: SupervisedClient,
         max_restarts: int,
         hang_timeout_s: float = 60.0,
-        publish_mode: str = "retract",
-        publisher: WeightPublisher | None = None,
-        deadlines: Deadlines | None = None,
-        verify: bool = True,
     ) -> None:
-        if publish_mode not in PUBLISH_MODES:
-            raise ValueError(f"publish_mode must be one of {PUBLISH_MODES}, got {publish_mode!r}")
         self.launcher = launcher
         self.client = client
         self.max_restarts = max_restarts
-        self.publish_mode = publish_mode
         self.hang_timeout_s = hang_timeout_s
         # probe at least twice within the hang timeout, each probe bounded by it
         self.probe_every_s = min(HEALTH_EVERY_S, hang_timeout_s / 2)
         self.probe_timeout_s = min(HEALTH_TIMEOUT_S, hang_timeout_s / 2)
         self.restarts = 0
         self.failovers = 0
-        self.publisher = publisher or DiskPublisher()
-        # one publication attempt: pause -> load -> verify -> resume under its deadlines
-        self.steps = PublicationSteps(self.publisher, publish_mode, deadlines, verify)
-        self.latest: tuple[Path, int] | None = None  # newest disk snapshot, its version
-        self.newest: Snapshot | None = None  # newest publication (disk, broadcast or both)
-        self._publishing = False  # a publication holds the lock (and repeats itself)
-        self._lock = asyncio.Lock()
+        self.weights: ServedWeights | None = None  # what a replacement serves (attach)
+        # held by every restart and every publication: see the module docstring
+        self.lock = asyncio.Lock()
         self._moved: dict[str, str] = {}  # old URL -> the URL of its replacement
         self._starting: set[int] = set()  # servers spawned but not yet healthy
         self._killed: dict[str, str] = {}  # URL killed by the watchdog -> why
@@ -182,6 +184,12 @@ class ServerSupervisor:
         # restarts of each server since the last metrics row (index -> count; row_view)
         self._restarted: dict[int, int] = {}
         client.recover = self.recover
+
+    def attach(self, weights: ServedWeights) -> None:
+        """Restart servers with ``weights``' restart source from now on (one owner)."""
+        if self.weights is not None and self.weights is not weights:
+            raise RelayError("the rollout servers already have an owner of their weights")
+        self.weights = weights
 
     def stats(self) -> dict[str, float]:
         up = sum(self.server_state(i) == UP for i in range(len(self.launcher.urls)))
@@ -229,105 +237,22 @@ class ServerSupervisor:
         self._restarted.clear()
         return view
 
-    # ------------------------------------------------------------------ weights
-    async def publish(
-        self,
-        path: Path | None,
-        version: int,
-        state: Mapping[str, Any] | None = None,
-        checksum: str | None = None,
-        adapter: Adapter | None = None,
-    ) -> None:
-        """Put publication ``version`` on every server through the weight publisher, under
-        ``publish_mode``, as one transaction (``relayrl.launch.publication``): ``path`` is
-        its disk snapshot (None: broadcast only), ``state`` its weights to broadcast (None:
-        disk only; under LoRA the tensors of ``adapter``, the publication's adapters),
-        ``checksum`` what every server must report having loaded. A server
-        found unreachable on the way is restarted (with the latest disk snapshot) and the
-        publication repeated; so is one the failed attempt could not resume; other errors
-        propagate (a PublicationError names the server, the step and the version)."""
-        where = Path(path) if path is not None else None
-        snapshot = Snapshot(version, where, state, checksum, adapter)
-        async with self._lock:
-            if snapshot.path is not None:
-                self.latest = (snapshot.path, version)
-            self.newest = snapshot
-            self._publishing = True
-            try:
-                while True:
-                    try:
-                        await self.steps.run(self.client, snapshot)
-                        if snapshot.path is not None:  # e.g. written by a broadcast fallback
-                            self.latest = (snapshot.path, version)
-                        return
-                    except RolloutServerError as exc:
-                        if not exc.unreachable:
-                            raise
-                        await self._recover_locked(
-                            exc.url, "stopped answering during a publication"
-                        )
-                    except RelayError:
-                        await self._restart_unresumed()
-                        raise
-            finally:
-                self._publishing = False
-
-    async def _restart_unresumed(self) -> None:
-        """Restart the servers a failed publication left paused (it could not resume them):
-        a server is never left paused."""
-        for url in self.steps.unresumed:
-            if url in self.launcher.urls:
-                i = self.launcher.index_of(url)
-                self.launcher.kill(i)
-                await self._restart(i, "could not be resumed after a failed publication")
-        self.steps.unresumed = []
-
-    async def resume_overdue(self) -> list[str]:
-        """The watchdog's check of paused servers: a server a publication has kept paused
-        for longer than its whole deadline is resumed and reported. Returns the URLs."""
-        limit = self.steps.deadlines.total_s
-        overdue = self.steps.watch.overdue(limit)
-        for url, (seconds, version, step) in overdue.items():
-            self.steps.watch.clear([url])
-            if url not in self.launcher.urls:
-                continue
-            print(
-                f"watchdog: rollout server {url} was paused for {seconds:.0f}s by the "
-                f"publication of v{version} ({step} step, deadline "
-                f"train.publish_timeout_s={limit:g}); resuming it",
-                file=sys.stderr,
-                flush=True,
-            )
-            try:
-                await asyncio.wait_for(
-                    self.client.continue_generation([url]), self.steps.deadlines.step_s
-                )
-            except (RolloutServerError, OSError, asyncio.TimeoutError) as exc:
-                print(f"watchdog: resuming {url} failed ({exc!r})", file=sys.stderr, flush=True)
-        return list(overdue)
-
-    async def set_restart_snapshot(self, path: Path, version: int) -> None:
-        """Make ``path``, a disk snapshot of ``version`` that every server already holds,
-        what a restarted server loads (the broadcast transport writes one only every
-        ``train.broadcast_snapshot_every`` publications). Under the lock: a restart in
-        progress first finishes (its catch-up included) with the previous one."""
-        async with self._lock:
-            if self.latest is None or self.latest[1] < version:
-                self.latest = (Path(path), version)
-
     # ------------------------------------------------------------------ recovery
     async def recover(self, url: str) -> str:
         """The client's failover callback: where requests for ``url`` should go now."""
-        async with self._lock:
+        async with self.lock:
             self.failovers += 1
-            return await self._recover_locked(url, "could not be reached")
+            return await self.restart_unreachable(url, "could not be reached")
 
     def _current(self, url: str) -> str:
         while url in self._moved:
             url = self._moved[url]
         return url
 
-    async def _recover_locked(self, url: str, what: str) -> str:
+    async def restart_unreachable(self, url: str, what: str) -> str:
+        """Where requests for ``url``, found unreachable, go now: the same server after a
+        transient error, else its replacement (restarted because it ``what``). Call with
+        :attr:`lock` held."""
         current = self._current(url)
         if current != url:
             return current  # already restarted by someone else
@@ -365,48 +290,33 @@ class ServerSupervisor:
                 continue
             self.client.replace_url(old, new)
             self._moved[old] = new
-            self.steps.watch.clear([old])  # a fresh server is not paused
-            self.publisher.server_replaced(old, new)
-            await self._catch_up()
+            if self.weights is not None:
+                await self.weights.server_replaced(old, new)
             return new
 
-    async def _catch_up(self) -> None:
-        """After a restart outside a publication: if the newest publication was broadcast
-        only, the replacement holds an older disk snapshot; broadcast the newest weights to
-        every server again (the others reload the same version)."""
-        newest = self.newest
-        if self._publishing or newest is None or newest.state is None:
-            return
-        if self.latest is not None and self.latest[1] >= newest.version:
-            return
-        await self.steps.run(self.client, newest)
+    async def restart_servers(self, urls: list[str], reason: str) -> None:
+        """Kill and restart the servers at ``urls`` that are still current (e.g. ones a
+        failed publication could not resume: a server is never left paused). Call with
+        :attr:`lock` held."""
+        for url in urls:
+            if url in self.launcher.urls:
+                i = self.launcher.index_of(url)
+                self.launcher.kill(i)
+                await self._restart(i, reason)
 
     async def _start_replacement(self, i: int) -> str:
-        """A fresh server ``i``, healthy and holding the latest disk snapshot."""
+        """A fresh server ``i``, healthy and holding the weights' restart source."""
         self._starting.add(i)
         try:
             new = self.launcher.respawn(i)
             await asyncio.to_thread(self.launcher.wait_healthy, [i])
         finally:
             self._starting.discard(i)
-        await self._newest_on_disk()
-        if self.latest is not None:
-            path, version = self.latest
+        source = await self.weights.restart_source() if self.weights is not None else None
+        if source is not None:
+            path, version = source
             await self.client.update_weights(str(path), version=version, urls=[new])
         return new
-
-    async def _newest_on_disk(self) -> None:
-        """Make the newest publication the restart source: when it was broadcast only, its
-        held weights are written to disk now (``WeightPublisher.restart_snapshot``), so a
-        replacement starts at the newest version. A replacement that started older would
-        be routed requests before the catch-up broadcast reached it, and their tokens would
-        carry that older version: staleness past η after a restart (AReaL#1388)."""
-        newest = self.newest
-        if newest is None or (self.latest is not None and self.latest[1] >= newest.version):
-            return
-        path = await asyncio.to_thread(self.publisher.restart_snapshot, newest)
-        if path is not None:
-            self.latest = (path, newest.version)
 
     # ------------------------------------------------------------------ watchdog
     async def watch(self, on_fatal: Callable[[BaseException], None]) -> None:
@@ -420,10 +330,9 @@ class ServerSupervisor:
         try:
             while True:
                 await asyncio.sleep(WATCH_INTERVAL_S)
-                if (resuming is None or resuming.done()) and self.steps.watch.overdue(
-                    self.steps.deadlines.total_s
-                ):
-                    resuming = asyncio.create_task(self.resume_overdue())
+                if self._resume_due(resuming):
+                    assert self.weights is not None
+                    resuming = asyncio.create_task(self.weights.resume_overdue())
                 probe = self.launcher.is_process_mode and time.monotonic() >= next_probe
                 if probe:
                     next_probe = time.monotonic() + self.probe_every_s
@@ -459,9 +368,16 @@ class ServerSupervisor:
                     task.exception()  # retrieved: the run is ending anyway
                 task.cancel()
 
+    def _resume_due(self, resuming: asyncio.Task | None) -> bool:
+        """Whether the watchdog should resume servers kept paused too long now (no earlier
+        resume still running)."""
+        if self.weights is None or (resuming is not None and not resuming.done()):
+            return False
+        return self.weights.paused_overdue()
+
     async def _restart_if_current(self, i: int, url: str, reason: str) -> None:
         """Restart server ``i`` unless someone already replaced ``url`` meanwhile."""
-        async with self._lock:
+        async with self.lock:
             if self.launcher.urls[i] == url:
                 self._killed.pop(url, None)
                 await self._restart(i, reason)

@@ -91,7 +91,7 @@ def test_a_group_that_failed_to_form_or_was_left_no_longer_listens():
     left: a server that answers the abandoned group's join late then fails at the store within
     its timeout, instead of reading the departed ranks' addresses there and waiting in gloo's
     connect for several times the timeout (which held the server's next join past its
-    deadline: tests/launch/test_broadcast.py)."""
+    deadline: tests/sync/test_broadcast.py)."""
     port = free_port()
     with pytest.raises(RelayError, match="rank 0 of 2 could not join") as failure:
         TransferGroup.join("127.0.0.1", port, 0, 2, "relayrl-w1", 1.0)

@@ -18,7 +18,7 @@ from relayrl.engine.engine import Engine
 from relayrl.engine.types import EngineOptions, PauseMode, SamplingParams
 from relayrl.engine.weights import read_state_dict
 from relayrl.models.loading import load_model, load_tokenizer
-from tests.launch.test_adapter_publication import LoraSource
+from tests.sync.test_adapter_publication import LoraSource
 
 NEW_TOKENS = 150
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from relayrl.errors import RelayError
-from relayrl.launch.publish import DiskPublisher
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS, Registry
+from relayrl.sync.transports import DiskPublisher
 from relayrl.train.run import run_train
 from tests.train.conftest import parity_grader, rl_config
 
@@ -80,7 +80,7 @@ def test_a_registry_entry_named_by_path_loads_on_lookup_and_yields_to_its_class(
     registry.add_path("ordered", "collections:OrderedDict")
     assert registry.check("ordered") == "ordered"
     assert registry.lookup("ordered") is collections.OrderedDict
-    registry.add_path("later", "relayrl.launch.publish:DiskPublisher")
+    registry.add_path("later", "relayrl.sync.transports.disk:DiskPublisher")
     registry.add("later", DiskPublisher)  # what @register_transport does on import: no clash
     assert registry["later"] is DiskPublisher
     with pytest.raises(ValueError, match="did you mean 'ordered'"):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.rollout.prompts import PromptLoader
+from relayrl.sync.weight_sync import WeightSync
 from relayrl.tasks.registry import make_task
 from relayrl.train.run import run_train
 from tests.launch._faulty import FAULT_DIR_ENV, faulty_grader
@@ -52,7 +53,7 @@ def end_for_good(pid: int) -> None:
 class Faults:
     """kill -9 the server after the first step (from a thread, as from outside); SIGSTOP its
     replacement at the first publication after it has served a step (``publish`` wraps
-    ``ServerSupervisor.publish``)."""
+    ``WeightSync.deliver``)."""
 
     def __init__(self, run: Path) -> None:
         self.run = run
@@ -121,13 +122,13 @@ def test_server_crash_and_hang_and_grader_faults_lose_no_prompt(
     )
     run = tmp_path / "run"
     faults = Faults(run)
-    publish = ServerSupervisor.publish
+    publish = WeightSync.deliver
 
     async def publish_with_fault(self, *args, **kwargs):
-        faults.before_publish(self)
+        faults.before_publish(self.supervisor)
         return await publish(self, *args, **kwargs)
 
-    monkeypatch.setattr(ServerSupervisor, "publish", publish_with_fault)
+    monkeypatch.setattr(WeightSync, "deliver", publish_with_fault)
     killer = threading.Thread(target=faults.kill_first_server, daemon=True)
     killer.start()
     fired = faults.guard()

@@ -1,5 +1,6 @@
 """ServerSupervisor policy against a fake launcher and client (the fakes, the real launchers
-and the real clients implement the supervisor's two Protocols, checked here): one restart however many
+and the real clients implement the supervisor's Protocols, and WeightSync its ServedWeights,
+checked here): one restart however many
 requests notice the failure, the latest weights go to the replacement, a replacement that
 fails to start is retried within the limit, publication survives a dead server, and the
 limit ends the run with a message naming the server and the setting. Hangs: a hung server is
@@ -14,6 +15,7 @@ import asyncio
 import inspect
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,14 @@ from relayrl.errors import RelayError
 from relayrl.launch import supervisor as sup
 from relayrl.launch.ray_cluster import RayServerLauncher
 from relayrl.launch.servers import ExternalServers, ServerLauncher
-from relayrl.launch.supervisor import ServerSupervisor, SupervisedClient, SupervisedServers
+from relayrl.launch.supervisor import (
+    ServedWeights,
+    ServerSupervisor,
+    SupervisedClient,
+    SupervisedServers,
+)
+from relayrl.sync.transports import DiskPublisher, Snapshot
+from relayrl.sync.weight_sync import WeightSync
 
 
 class FakeLauncher:
@@ -190,6 +199,7 @@ def protocol_gaps(cls: type, protocol: type) -> list[str]:
         (FakeClient, SupervisedClient),
         (RolloutClient, SupervisedClient),
         (VLLMClient, SupervisedClient),
+        (WeightSync, ServedWeights),
     ],
 )
 def test_fakes_and_real_classes_implement_the_supervisor_protocols(cls, protocol):
@@ -213,7 +223,7 @@ def test_the_supervisor_uses_nothing_of_the_servers_or_client_beyond_the_protoco
     """Every ``self.launcher.<x>`` / ``self.client.<x>`` (and ``client.<x>``) in the
     supervisor's source is a member of its Protocol, so the fakes cover what it uses."""
     tree = ast.parse(inspect.getsource(sup))
-    used: dict[str, set[str]] = {"launcher": set(), "client": set()}
+    used: dict[str, set[str]] = {"launcher": set(), "client": set(), "weights": set()}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
@@ -223,7 +233,12 @@ def test_the_supervisor_uses_nothing_of_the_servers_or_client_beyond_the_protoco
                 used[owner.attr].add(node.attr)
         elif isinstance(owner, ast.Name) and owner.id == "client":
             used["client"].add(node.attr)
-    for role, protocol in (("launcher", SupervisedServers), ("client", SupervisedClient)):
+    roles = (
+        ("launcher", SupervisedServers),
+        ("client", SupervisedClient),
+        ("weights", ServedWeights),
+    )
+    for role, protocol in roles:
         data, methods = protocol_members(protocol)
         assert used[role], role
         assert used[role] <= data | set(methods), (role, used[role] - data - set(methods))
@@ -241,11 +256,22 @@ def make(n: int = 2, max_restarts: int = 3):
     return launcher, client, ServerSupervisor(launcher, client, max_restarts)
 
 
+def weight_sync(s: ServerSupervisor, mode: str = "retract") -> WeightSync:
+    """The owner of the weights of ``s``'s servers: the disk transport, nobody listening."""
+    return WeightSync(s, DiskPublisher(), Path("/w"), mode=mode)
+
+
+def publish(sync: WeightSync, path: str, version: int):
+    """Put the disk snapshot ``path`` on every server as ``version``."""
+    return sync.deliver(Snapshot(version, path))
+
+
 def test_many_failed_requests_make_one_restart_with_the_latest_weights():
     launcher, client, s = make()
+    sync = weight_sync(s)
 
     async def main():
-        await s.publish("/w/v3", 3)
+        await publish(sync, "/w/v3", 3)
         launcher.dead.add("http://s1")
         return await asyncio.gather(*(s.recover("http://s1") for _ in range(5)))
 
@@ -271,11 +297,11 @@ def test_publication_modes_send_the_right_calls(mode, calls):
     resubmits the aborted requests)."""
     launcher = FakeLauncher(2)
     client = FakeClient(launcher)
-    asyncio.run(ServerSupervisor(launcher, client, 3, publish_mode=mode).publish("/w/v4", 4))
+    asyncio.run(publish(weight_sync(ServerSupervisor(launcher, client, 3), mode), "/w/v4", 4))
     assert client.calls == calls
     assert client.loaded == [("http://s0", "/w/v4", 4), ("http://s1", "/w/v4", 4)]
     with pytest.raises(ValueError, match="publish_mode"):
-        ServerSupervisor(launcher, client, 3, publish_mode="drain")
+        weight_sync(ServerSupervisor(launcher, client, 3), "drain")
 
 
 def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
@@ -296,7 +322,7 @@ def test_replacement_that_fails_to_start_is_retried_within_the_limit():
 def test_publication_survives_a_dead_server():
     launcher, client, s = make()
     launcher.dead.add("http://s0")
-    asyncio.run(s.publish("/w/v1", 1))
+    asyncio.run(publish(weight_sync(s), "/w/v1", 1))
     assert s.restarts == 1
     assert ("http://s0-r1", "/w/v1", 1) in client.loaded and (
         "http://s1",
@@ -369,12 +395,13 @@ def test_server_hung_during_a_publication_is_killed_and_the_publication_complete
     that waited for the lock left the run waiting on the hung server for the client's
     one-hour timeout)."""
     launcher, client, s = make_watched(monkeypatch)
+    sync = weight_sync(s)
     fatal: list[BaseException] = []
 
     async def main():
         task = asyncio.create_task(s.watch(fatal.append))
         launcher.hung.add("http://s0")
-        await asyncio.wait_for(s.publish("/w/v2", 2), 10)
+        await asyncio.wait_for(publish(sync, "/w/v2", 2), 10)
         await asyncio.sleep(0.3)  # the watchdog's own restart task finds it done
         task.cancel()
 

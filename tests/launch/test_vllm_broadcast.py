@@ -31,12 +31,12 @@ import torch
 
 from relayrl.engine.types import SamplingParams
 from relayrl.engine.vllm_client import VLLMClient
-from relayrl.launch.publish import (
+from relayrl.models.loading import load_model
+from relayrl.sync.transports import (
     BroadcastError,
     BroadcastPublisher,
     ModelSource,
 )
-from relayrl.models.loading import load_model
 from tests.launch._vllm import (
     MAX_LOGPROB_DIFF,
     MAX_MEAN_K3,
@@ -46,7 +46,7 @@ from tests.launch._vllm import (
     recompute,
     short_run_config,
 )
-from tests.launch.test_broadcast import kill_mid_broadcast_then_recover
+from tests.sync.test_broadcast import kill_mid_broadcast_then_recover
 
 pytestmark = needs_vllm
 
@@ -195,7 +195,7 @@ def test_a_run_publishes_to_a_vllm_server_by_broadcast(server, tiny_model_dir, t
 
 
 # 35 s; in the 15-minute suite the built-in servers' kill-mid-broadcast test
-# (tests/launch/test_broadcast.py) and the never-joining vLLM server above cover the failed
+# (tests/sync/test_broadcast.py) and the never-joining vLLM server above cover the failed
 # group and its re-formation: `pytest -m benchmark` runs this one
 @pytest.mark.benchmark
 def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_from_disk(

@@ -35,10 +35,12 @@ from relayrl.engine.adapter import (
 )
 from relayrl.engine.vllm_client import VLLMClient
 from relayrl.launch.backends import make_backend
-from relayrl.launch.publication import Canary, Publication, PublicationError
-from relayrl.launch.publish import make_publisher
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
+from relayrl.sync.canary import Canary
+from relayrl.sync.transaction import PublicationError
+from relayrl.sync.transports import make_publisher
+from relayrl.sync.weight_sync import WeightSync
 from tests.launch._vllm import (
     MAX_LOGPROB_DIFF,
     MAX_MEAN_K3,
@@ -50,8 +52,8 @@ from tests.launch._vllm import (
     vllm_config,
     vllm_servers,
 )
-from tests.launch.test_adapter_publication import LoraSource
-from tests.launch.test_publication import Listener
+from tests.sync.test_adapter_publication import LoraSource
+from tests.sync.test_publication import Listener
 
 LORA = ("model.lora.r=4", "model.lora.alpha=8")
 
@@ -106,9 +108,9 @@ def publish_two(launcher, tiny_model_dir, tmp_path, listener):
 
     async def main():
         async with VLLMClient(launcher.urls, timeout=120, api_key=key, lora=True) as client:
-            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
+            supervisor = ServerSupervisor(launcher, client, 0)
             canary = Canary(every=1, tolerance=1e-4)
-            publication = Publication(supervisor, publisher, tmp_path / "w", listener, canary)
+            publication = WeightSync(supervisor, publisher, tmp_path / "w", listener, canary)
             for version in (1, 2):
                 await publication.submit(LoraSource(tiny_model_dir, version), version, wait=True)
                 if listener.failure is not None:

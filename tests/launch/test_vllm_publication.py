@@ -18,10 +18,11 @@ import signal
 import pytest
 
 from relayrl.engine.vllm_client import VLLMClient
-from relayrl.launch.publication import Canary, Publication
-from relayrl.launch.publish import DiskPublisher, ModelSource
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
+from relayrl.sync.canary import Canary
+from relayrl.sync.transports import DiskPublisher, ModelSource
+from relayrl.sync.weight_sync import WeightSync
 from tests.launch._vllm import needs_vllm, perturbed, vllm_servers
 
 pytestmark = [needs_vllm, pytest.mark.benchmark]
@@ -65,9 +66,9 @@ def test_a_vllm_server_killed_mid_load_and_mid_resume(tiny_model_dir, tmp_path):
             try:
                 async with VLLMClient(launcher.urls, timeout=120) as client:
                     publisher = DiskPublisher()
-                    supervisor = ServerSupervisor(launcher, client, 2, publisher=publisher)
+                    supervisor = ServerSupervisor(launcher, client, 2)
                     listener = Listener()
-                    publication = Publication(
+                    publication = WeightSync(
                         supervisor, publisher, tmp_path / "w", listener, Canary(every=1)
                     )
                     policy = load_model(tiny_model_dir)

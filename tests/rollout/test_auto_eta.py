@@ -106,7 +106,7 @@ async def _drive_moving_bound(ctrl, servers, rng, steps: int) -> tuple[list[int]
     """Train ``steps`` batches while the bound jumps at random in [1, 4] after every step
     (as rollout.eta=auto may: shrinking at once), publishing at least every η + 1 steps;
     every sample must be within the bound its group was admitted under."""
-    from relayrl.train.run.publication import publish_interval
+    from relayrl.sync.weight_sync import publish_interval
 
     ctrl.start()
     version, slacks, over = 0, [], 0

@@ -23,8 +23,8 @@ from relayrl.rollout.controller import (
 from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.workflow import per_item, per_request
+from relayrl.sync.weight_sync import publish_interval
 from relayrl.tasks.base import Problem
-from relayrl.train.run.publication import publish_interval
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 
 from relayrl.config.loader import load_config
 from relayrl.train.resume import remove_orphaned_dirs
-from relayrl.train.run.publication import weights_root
+from relayrl.train.run.job import weights_root
 
 PREFIX = "relayrl-run-weights-"
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from relayrl.train.run.publication import remove_older_snapshots
+from relayrl.sync.transaction import remove_older_snapshots
 from relayrl.train.trainer import lr_factor
 from tests.buffer.test_replay_training import make_trainer, synthetic_groups
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.config.loader import load_config
-from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.sync.weight_sync import WeightSync
 from relayrl.train.run import run_train
 from tests.launch.test_vllm_backend import (  # noqa: F401 (pytestmark: the same skip)
     MAX_MEAN_K3,
@@ -106,13 +106,13 @@ def test_async_run_on_vllm_improves_and_survives_a_killed_server(
     base = base_pass_at_1(config, sft_model_dir, EVAL_PROBLEMS)
 
     # publications land at random moments (0-0.3 s late): the bound must hold regardless
-    rng, publish = random.Random(0), ServerSupervisor.publish
+    rng, publish = random.Random(0), WeightSync.deliver
 
     async def publish_late(self, *args, **kwargs):
         await asyncio.sleep(rng.uniform(0.0, 0.3))
         return await publish(self, *args, **kwargs)
 
-    monkeypatch.setattr(ServerSupervisor, "publish", publish_late)
+    monkeypatch.setattr(WeightSync, "deliver", publish_late)
     run = tmp_path / "rl"
     done, killed = threading.Event(), []
     killer = threading.Thread(

@@ -57,7 +57,7 @@ DTYPES: dict[str, torch.dtype] = {
 def weights_checksum(named) -> str:
     """SHA-256 over ``(name, tensor)`` pairs in name order, each tensor's float32 bytes:
     equal on the trainer and on a server exactly when they hold the same values under the
-    same names (a publication's proof of delivery, relayrl.launch.publication)."""
+    same names (a publication's proof of delivery, relayrl.sync.transaction)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(named, key=lambda item: item[0]):
         digest.update(name.encode())

@@ -2,7 +2,8 @@
 lag emulation, composed from one :class:`~relayrl.train.run.setup.RunSetup` and a batch
 source.
 
-Owns: :func:`run_train`. A live run (``rollout.lag: async``) starts the backend's rollout
+Owns: :func:`run_train` and :func:`weights_root` (where a live run's published weights
+go). A live run (``rollout.lag: async``) starts the backend's rollout
 servers and trains on :class:`~relayrl.train.run.live.LiveSource`; lag emulation
 (``rollout.lag: fixed | uniform``) starts none and trains on
 :class:`~relayrl.train.run.lagged.LaggedSource`. Both grade in a
@@ -10,25 +11,28 @@ servers and trains on :class:`~relayrl.train.run.live.LiveSource`; lag emulation
 rank 0 of N data-parallel ranks (``relayrl.train.distributed``), with the same interface.
 
 Imports: config, errors, the launch layer's backends, the rewards pool, relayrl.train.resume
-(run start) and the run package (its input checks: ``start``).
+(run start, the orphaned-directory sweep) and the run package (its input checks:
+``start``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import tempfile
+from pathlib import Path
 
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
 from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.rewards.pool import Grader, GradingPool
-from relayrl.train.resume import begin_run
+from relayrl.train.resume import begin_run, remove_orphaned_dirs
 from relayrl.train.run.lagged import LaggedSource
 from relayrl.train.run.live import LiveSource
 from relayrl.train.run.process import process_settings
-from relayrl.train.run.publication import weights_root
 from relayrl.train.run.setup import (
     RunSetup,
     TrainResult,
@@ -37,6 +41,23 @@ from relayrl.train.run.setup import (
     with_progress,
 )
 from relayrl.train.run.start import check_run_inputs
+
+
+def weights_root(config: RunConfig, run_dir: Path) -> Path:
+    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir. On
+    a Ray cluster (``launcher: ray`` with an address) the servers may sit on other nodes,
+    so node-local tmpfs is skipped for the run dir (which must be on a shared filesystem)."""
+    remote = config.launcher == "ray" and config.ray.address != "local"
+    if config.train.weights_dir:
+        base = Path(config.train.weights_dir)
+    elif not remote and Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+        base = Path("/dev/shm")
+    else:
+        base = run_dir
+    base.mkdir(parents=True, exist_ok=True)
+    prefix = f"relayrl-{config.name}-weights-"
+    remove_orphaned_dirs(base, prefix)  # left by a killed run (tmpfs is memory)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
 
 
 def run_train(

@@ -7,17 +7,17 @@ feeder threads and the trainer, whose optimizer steps run in a worker thread so 
 loop keeps feeding the servers meanwhile.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
-admission bound would starve the trainer) goes through
-:class:`~relayrl.train.run.publication.Publication`, the one hand-over of the trainer's
-weights to the launch layer. Reliability (docs/reliability.md): checkpoints every
-``train.checkpoint_every`` steps and on SIGINT/SIGTERM (:class:`RunCheckpoints`), resume
-from one; dead or hung rollout servers are restarted with the latest weights and their
-requests resubmitted (``relayrl.launch.supervisor``).
+admission bound would starve the trainer) goes through :class:`relayrl.sync.WeightSync`,
+the one owner of which weights the servers serve (its ``VersionClock`` holds the published
+version). Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every``
+steps and on SIGINT/SIGTERM (:class:`RunCheckpoints`), resume from one; dead or hung rollout
+servers are restarted with the weights ``WeightSync`` names and their requests resubmitted
+(``relayrl.launch.supervisor``).
 
 Owns: :class:`LiveSource`, :func:`server_counters`, :data:`TIME_EVAL_PUBLISH_S`.
-Imports: config, engine client, errors, eval, the launch layer's backends, publishers and
-supervisor, the rewards pool, the rollout controller, checkpoints, and the run package's
-setup, rollout side and publication.
+Imports: config, engine client, errors, eval, the launch layer's backends and supervisor,
+relayrl.sync (weight publication and its transports), the rewards pool, the rollout
+controller, checkpoints, and the run package's setup and rollout side.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from relayrl.errors import RelayError
 from relayrl.eval.evaluate import EvalReport, WeightsChanged, evaluate, in_process_grader
 from relayrl.eval.remote import RemoteEngine
 from relayrl.launch.backends import RolloutBackend
-from relayrl.launch.publication import Deadlines
-from relayrl.launch.publish import make_publisher
 from relayrl.launch.servers import ExternalServers, ServerLauncher
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.metric_names import (
@@ -46,10 +44,11 @@ from relayrl.metric_names import (
 )
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.sync.transports import make_publisher
+from relayrl.sync.weight_sync import WeightSync, publish_interval
 from relayrl.tasks.base import Problem
 from relayrl.train.checkpoint import Checkpoint
 from relayrl.train.resume import RunCheckpoints, StopRequested, StopSignal
-from relayrl.train.run.publication import Publication, publish_interval
 from relayrl.train.run.rollout import RolloutSide
 from relayrl.train.run.setup import RunSetup, TrainResult
 
@@ -95,11 +94,11 @@ class LiveSource:
         client: RolloutClient,
         supervisor: ServerSupervisor,
         rollout: RolloutSide,
-        publication: Publication,
+        sync: WeightSync,
     ) -> None:
         config = setup.config
         self.setup, self.launcher, self.client = setup, launcher, client
-        self.supervisor, self.rollout, self.publication = supervisor, rollout, publication
+        self.supervisor, self.rollout, self.sync = supervisor, rollout, sync
         self.controller = rollout.controller
         self.checkpoints = RunCheckpoints(
             setup.run_dir,
@@ -122,8 +121,8 @@ class LiveSource:
         urls: list[str],
         weights: Path,
     ) -> LiveSource:
-        """Check the servers at ``urls`` and build the controller, supervisor and
-        publication over them (published weights go under ``weights``)."""
+        """Check the servers at ``urls`` and build the controller, supervisor and weight
+        sync over them (published weights go under ``weights``)."""
         cfg = setup.config
         client = backend.client(urls, timeout=3600.0)
         publisher = make_publisher(cfg.train)
@@ -139,10 +138,6 @@ class LiveSource:
             client,
             0 if cfg.rollout.server_urls else cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
-            cfg.train.publish_mode,
-            publisher,
-            Deadlines(cfg.train.publish_step_timeout_s, cfg.train.publish_timeout_s),
-            cfg.train.publish_verify,
         )
         rollout = RolloutSide.build(
             setup,
@@ -153,10 +148,10 @@ class LiveSource:
             lambda ids, params, key: client.generate(ids, params, key=key),
         )
         served = cfg.served_dtype if cfg.served_dtype != cfg.model.dtype else None
-        publication = Publication(
+        sync = WeightSync.for_run(
             setup.trainer, rollout.controller, supervisor, publisher, weights, cfg.train, served
         )
-        return cls(setup, launcher, client, supervisor, rollout, publication)
+        return cls(setup, launcher, client, supervisor, rollout, sync)
 
     @property
     def interval(self) -> int:
@@ -196,14 +191,14 @@ class LiveSource:
         finally:
             stop.uninstall()
             watch.cancel()
-            await self.publication.cancel()
+            await self.sync.cancel()
             await self.controller.stop()
-            self.publication.close()
+            self.sync.close()
             await self.client.close()
         summary = {
             **self.rollout.summary(),
             ROLLOUT_ENGINE: cfg.rollout.engine,
-            **self.publication.summary(),
+            **self.sync.summary(),
             **self.supervisor.stats(),  # the run's restarts, the final evaluation's included
         }
         return self.setup.result(final, time.perf_counter() - start, summary)
@@ -219,7 +214,7 @@ class LiveSource:
             controller.set_eta(self.rollout.auto_eta.eta)
         versions = (done, self.setup.trainer.version, controller.consumed_version)
         assert len(set(versions)) == 1, f"checkpoint step, trainer, controller: {versions}"
-        await self.publication.publish(wait=True)
+        await self.sync.publish(wait=True)
         if controller.failure is not None:
             raise controller.failure
         ready, running = controller.restored_counts()
@@ -247,13 +242,13 @@ class LiveSource:
         failover through the supervisor) while the controller keeps generating.
 
         The servers are first brought to the trainer's version
-        (:meth:`Publication.servers_to_trainer`). No publication lands while it runs: only
+        (:meth:`WeightSync.servers_to_trainer`). No publication lands while it runs: only
         the training loop starts publications (:meth:`after_update`) and the loop is here,
         awaiting this. The supervisor's lock is not held, so a server that fails meanwhile
         is restarted as always (with the newest disk snapshot, the trainer's version under
         the disk transport) and its requests are resubmitted there."""
         start = time.perf_counter()
-        await self.publication.servers_to_trainer()
+        await self.sync.servers_to_trainer()
         published = time.perf_counter() - start
         loop = asyncio.get_running_loop()
         tokenizer, system = self.setup.tokenizer, self.setup.config.model.system_prompt
@@ -283,14 +278,11 @@ class LiveSource:
     async def after_update(self, trainer_version: int, last_step: bool) -> dict[str, Any]:
         """Publish when the servers lag the trainer by the publication interval (not after
         the last step: the run is over), then the controller's and graders' counters."""
-        t_sync = 0.0
         bound = self.rollout.next_eta(self.setup.training.last_stats, timed=True)
-        lag = trainer_version - self.controller.published_version
-        if not last_step and lag >= self.interval:
-            t_sync = await self.publication.publish()
+        t_sync = await self.sync.maybe_publish(self.interval, last_step)
         metrics: dict[str, Any] = {
             TIME_SYNC_S: t_sync,
-            PUBLISH_LATENCY_S: self.publication.seconds,
+            PUBLISH_LATENCY_S: self.sync.seconds,
             **bound,
         }
         metrics.update(self.rollout.counters())

@@ -1,27 +1,10 @@
-"""How trainer weights reach the rollout servers: the weight transports behind one interface
-(docs/cluster.md "Weight transports").
+"""``train.weight_transport=broadcast``: HTTP carries control, a gloo transfer group of the
+trainer (rank 0) and every server carries the tensors (``relayrl.engine.transfer``, whose
+receiving side is the engine's). Built-in and vLLM servers alike: the client class speaks
+each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast calls onto
+relayrl's vLLM worker extension).
 
-Owns: :class:`Snapshot` (one publication: its version, the disk snapshot if one was written,
-the in-memory weights if they are to be broadcast), :class:`WeightPublisher` with
-:class:`DiskPublisher` (``train.weight_transport=disk``: a safetensors directory, each server
-loads it through ``/update_weights_from_disk``) and :class:`BroadcastPublisher`
-(``broadcast``: HTTP carries control, a gloo transfer group of the trainer (rank 0) and every
-server carries the tensors, ``relayrl.engine.transfer``), :class:`BroadcastError`, :func:`register_transport` (into
-``relayrl.registry.WEIGHT_TRANSPORTS``, the names ``train.weight_transport`` accepts: a
-plugin's transport is one subclass and one registry line, docs/extending.md) and
-:func:`make_publisher`. Both transports drive built-in and vLLM servers alike: the client
-class speaks each server kind's protocol (``relayrl.engine.vllm_client`` maps the broadcast
-calls onto relayrl's vLLM worker extension).
-
-A publisher is used in two places: the trainer side (``relayrl.launch.publication.
-Publication``) calls :meth:`WeightPublisher.snapshot` while the trainer is held (a
-consistent copy of the weights), then the publication transaction
-(``relayrl.launch.publication.PublicationSteps``, under the
-:class:`~relayrl.launch.supervisor.ServerSupervisor`'s lock) calls
-:meth:`WeightPublisher.transfer` as its load step (:meth:`WeightPublisher.load`, pause /
-transfer / resume with no deadlines or checks, is what the benchmarks and transport tests
-drive directly), and the supervisor calls :meth:`WeightPublisher.server_replaced` and
-:meth:`WeightPublisher.restart_snapshot` when it restarts a server.
+Owns: :class:`BroadcastPublisher`, :class:`BroadcastError`, :func:`address_towards`.
 
 The broadcast transport, with the peers' lessons (AReaL#1439 and trl#2923: a broadcast with no
 deadline hangs a run whose receiver never joins; verl#7910: a static group dies with one
@@ -33,7 +16,7 @@ crashed server):
   failure leaves the group (so every rank still waiting errors out at once) and the
   publication fails with one error naming the server;
 * a server that cannot be reached fails as a :class:`RolloutServerError` with no HTTP status,
-  which the supervisor answers by restarting the server (it loads the last disk snapshot
+  which the supervisor answers by restarting the server (it loads the restart snapshot
   first) and repeating the publication; anything else (a server that answers but never joins
   or never receives) is a :class:`BroadcastError` that ends the publication;
 * the group is formed lazily and re-formed after any failure and after any server restart,
@@ -43,14 +26,14 @@ crashed server):
   snapshot every ``train.broadcast_snapshot_every`` publications (the first always). When a
   server must be restarted between two snapshots, the newest publication's held weights are
   written to disk then (:meth:`BroadcastPublisher.restart_snapshot`), so the replacement
-  starts at the newest version (``ServerSupervisor``);
+  starts at the newest version (``relayrl.sync.WeightSync``);
 * a publication whose broadcast fails or times out on a server that still answers (a
   :class:`BroadcastError`) falls back to the disk: the held weights are written as this
   version's disk snapshot (unless it has one) and the servers that failed load it through
   ``/update_weights_from_disk``. Only when that fails too does the publication fail.
 
-Imports: relayrl.config (the train section), relayrl.engine (client, transfer),
-relayrl.launch.servers (free ports), relayrl.errors, relayrl.registry, torch.
+Imports: relayrl.config (the train section), relayrl.engine (client, transfer, the loopback
+test), relayrl.launch.servers (free ports), relayrl.errors and the transports' base.
 """
 
 from __future__ import annotations
@@ -59,22 +42,24 @@ import asyncio
 import socket
 import sys
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
-import torch
-
 from relayrl.config.schema import TrainConfig
-from relayrl.engine.adapter import Adapter, write_adapter
 from relayrl.engine.client import RolloutClient, RolloutServerError
 from relayrl.engine.transfer import TransferGroup, tensor_specs
 from relayrl.errors import RelayError
 from relayrl.launch.servers import free_port
-from relayrl.registry import WEIGHT_TRANSPORTS
+from relayrl.sync.transports.base import (
+    Snapshot,
+    WeightPublisher,
+    WeightSource,
+    cpu_weights,
+    lora_adapter,
+    register_transport,
+    save_held,
+)
 
 GROUP_PREFIX = "relayrl-w"
 
@@ -86,168 +71,6 @@ class BroadcastError(RelayError):
     def __init__(self, message: str, urls: list[str] | None = None) -> None:
         super().__init__(message)
         self.urls = list(urls or [])
-
-
-class WeightSource(Protocol):
-    """What a publisher snapshots: the trainer (single-process, data-parallel or FSDP).
-    A LoRA trainer also has ``lora_adapter()`` (its adapters as an ``Adapter``, with the
-    merged weights' checksum; None without LoRA): the broadcast sends only those."""
-
-    model: torch.nn.Module
-
-    def save_weights(self, directory: Path) -> Path: ...
-
-
-@dataclass
-class Snapshot:
-    """One publication. ``path``: the disk snapshot written for it (None: broadcast only);
-    ``state``: a CPU copy of the weights to broadcast (None: disk only); ``checksum``: the
-    published weights' ``weights_checksum`` (None: not verified); ``adapter``: a LoRA
-    publication's adapters (a CPU copy; ``state`` holds their tensors, and the checksum is
-    the merged weights' the trainer recorded in it)."""
-
-    version: int
-    path: Path | None = None
-    state: Mapping[str, torch.Tensor] | None = None
-    checksum: str | None = None
-    adapter: Adapter | None = None
-
-
-def lora_adapter(trainer: WeightSource) -> Adapter | None:
-    """The trainer's adapters as one publication under LoRA, else None."""
-    getter = getattr(trainer, "lora_adapter", None)
-    return getter() if getter is not None else None
-
-
-def save_held(snapshot: Snapshot, directory: Path) -> Path:
-    """Write the weights ``snapshot`` holds as a disk snapshot in ``directory``: an adapter
-    snapshot for a LoRA publication, else ``model.safetensors``."""
-    if snapshot.adapter is not None:
-        return write_adapter(snapshot.adapter, directory)
-    assert snapshot.state is not None
-    return save_state(snapshot.state, directory)
-
-
-def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A CPU copy of ``model``'s parameters, a tied tensor once (the engine's loader expects
-    exactly that, as in a disk snapshot): the trainer trains on while it is broadcast."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
-
-
-def save_state(state: Mapping[str, torch.Tensor], directory: Path) -> Path:
-    """Write ``state`` as a disk snapshot (``directory/model.safetensors``, as the trainer
-    writes one); returns ``directory``."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(dict(state), str(directory / "model.safetensors"))
-    return directory
-
-
-class ModelSource:
-    """A bare model as a :class:`WeightSource`, its disk snapshot written as the trainer
-    writes one (``model.safetensors``, a tied tensor once): benchmarks and tests publish
-    with it."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def save_weights(self, directory: Path) -> Path:
-        return save_state(cpu_weights(self.model), directory)
-
-
-class WeightPublisher(ABC):
-    """One weight transport; see the module docstring for who calls what."""
-
-    name: str
-
-    @classmethod
-    def from_config(cls, train: TrainConfig) -> WeightPublisher:
-        """The publisher a run with this ``train`` section uses (the default: no options)."""
-        return cls()
-
-    @abstractmethod
-    def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
-        """Capture the trainer's weights for publication ``version`` (blocking; the trainer
-        is held meanwhile); a disk snapshot goes to ``root/v<version>``."""
-
-    @abstractmethod
-    async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
-        """Put ``snapshot`` on every server of ``client`` (as one load each)."""
-
-    def load_calls(
-        self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool
-    ) -> dict[str, Awaitable[None]]:
-        """The calls of a publication's load step (``relayrl.launch.publication``), keyed by
-        the server(s) each names when it fails: by default one :meth:`transfer` to every
-        server (one broadcast reaches them all)."""
-        return {", ".join(client.urls): self.transfer(client, snapshot, keep_kv)}
-
-    async def load(self, client: RolloutClient, snapshot: Snapshot, mode: str) -> None:
-        """Publish ``snapshot`` under ``train.publish_mode`` ``mode``: ``abort``: pause
-        (aborting running requests, which the client resubmits), load, continue;
-        ``retract``: load only, each server re-queues its running requests itself;
-        ``inflight``: load only, running requests keep their KV."""
-        if mode != "abort":
-            await self.transfer(client, snapshot, keep_kv=mode == "inflight")
-            return
-        await client.pause("abort")
-        try:
-            await self.transfer(client, snapshot, keep_kv=False)
-        finally:
-            await client.continue_generation()
-
-    def stats(self) -> dict[str, float]:
-        """Counters for the run's summary."""
-        return {}
-
-    def server_replaced(self, old: str, new: str) -> None:  # noqa: B027 - optional hook
-        """Server ``old`` was restarted at ``new`` (it holds the last disk snapshot)."""
-
-    def restart_snapshot(self, snapshot: Snapshot) -> Path | None:
-        """A disk snapshot of ``snapshot`` for a restarted server to load (None: none can be
-        written); blocking."""
-        return snapshot.path
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release what the transport holds (the end of the run)."""
-
-
-def register_transport(cls: type[WeightPublisher]) -> type[WeightPublisher]:
-    """Class decorator: make ``cls`` (a :class:`WeightPublisher` with a ``name``) a choice of
-    ``train.weight_transport``."""
-    if not (isinstance(cls, type) and issubclass(cls, WeightPublisher)):
-        raise TypeError(f"a weight transport must subclass WeightPublisher, got {cls!r}")
-    return WEIGHT_TRANSPORTS.add_class(cls)
-
-
-@register_transport
-class DiskPublisher(WeightPublisher):
-    """``train.weight_transport=disk``: a safetensors snapshot per publication, loaded by
-    each server from the filesystem (``/update_weights_from_disk``)."""
-
-    name = "disk"
-
-    def snapshot(self, trainer: WeightSource, root: Path, version: int) -> Snapshot:
-        return Snapshot(version, path=trainer.save_weights(root / f"v{version}"))
-
-    async def transfer(self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool) -> None:
-        if snapshot.path is None:
-            raise RelayError(f"publication v{snapshot.version} has no disk snapshot to load")
-        await client.update_weights(str(snapshot.path), version=snapshot.version, keep_kv=keep_kv)
-
-    def load_calls(
-        self, client: RolloutClient, snapshot: Snapshot, keep_kv: bool
-    ) -> dict[str, Awaitable[None]]:
-        """One load per server, so a failure names its server; a subclass that overrides
-        :meth:`transfer` (a plugin's transport) gets its one transfer call instead."""
-        if type(self).transfer is not DiskPublisher.transfer or snapshot.path is None:
-            return super().load_calls(client, snapshot, keep_kv)
-        path, version = str(snapshot.path), snapshot.version
-        return {
-            u: client.update_weights(path, version=version, urls=[u], keep_kv=keep_kv)
-            for u in client.urls
-        }
 
 
 def address_towards(urls: list[str]) -> str:
@@ -487,12 +310,3 @@ class BroadcastPublisher(WeightPublisher):
             )
         exc = local.exception() if local.done() and not local.cancelled() else None
         return BroadcastError(f"{what} failed on the trainer side within {limit}: {exc!r}")
-
-
-def make_publisher(train: TrainConfig) -> WeightPublisher:
-    """The publisher of ``train.weight_transport``."""
-    try:
-        cls = WEIGHT_TRANSPORTS.lookup(train.weight_transport)
-    except ValueError as exc:
-        raise RelayError(f"train.weight_transport: {exc}") from None
-    return cls.from_config(train)

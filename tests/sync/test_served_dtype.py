@@ -12,9 +12,9 @@ import torch
 from relayrl.config.loader import load_config
 from relayrl.engine.weights import load_into, model_checksum
 from relayrl.errors import RelayError
-from relayrl.launch.publication import snapshot_checksum
-from relayrl.launch.publish import Snapshot
 from relayrl.models.loading import load_model
+from relayrl.sync.transaction import snapshot_checksum
+from relayrl.sync.transports import Snapshot
 from relayrl.train.options import TrainerOptions
 from tests.buffer.test_replay_training import make_trainer, synthetic_groups
 

@@ -37,16 +37,12 @@ from relayrl.engine.engine import Engine
 from relayrl.engine.transfer import tensor_specs
 from relayrl.engine.types import EngineOptions, SamplingParams
 from relayrl.engine.weights import weights_checksum
-from relayrl.launch.publish import (
-    BroadcastError,
-    BroadcastPublisher,
-    ModelSource,
-    Snapshot,
-    cpu_weights,
-)
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
+from relayrl.sync.transports import BroadcastError, BroadcastPublisher, ModelSource, Snapshot
+from relayrl.sync.transports.base import cpu_weights
+from relayrl.sync.weight_sync import WeightSync
 
 DEADLINE_S = 6.0  # train.broadcast_timeout_s of these tests
 # what a failed publication may take past its deadline (answers, teardown): 3 s idle; the
@@ -269,9 +265,10 @@ async def kill_mid_broadcast_then_recover(
         return await disk_update(path, version=version, urls=urls, keep_kv=keep_kv)
 
     client.update_weights = recording_update
-    supervisor = ServerSupervisor(launcher, client, max_restarts=1, publisher=publisher)
+    supervisor = ServerSupervisor(launcher, client, max_restarts=1)
+    sync = WeightSync(supervisor, publisher, tmp_path)
     first = publisher.snapshot(ModelSource(models[0]), tmp_path, 1)
-    await supervisor.publish(first.path, 1, first.state)
+    await sync.deliver(first)
     assert publisher.group.name == "relayrl-w1"
 
     # 1. at the publisher: the publication fails within its deadline, naming the server
@@ -289,7 +286,7 @@ async def kill_mid_broadcast_then_recover(
     assert elapsed <= publisher.timeout_s + SLACK_S, elapsed
 
     # 2. under the supervisor: restart (last disk snapshot first), new group, v2
-    await supervisor.publish(second.path, 2, second.state)
+    await sync.deliver(second)
     return victim_url, supervisor, loads_from_disk
 
 
@@ -332,16 +329,17 @@ def test_a_server_restarted_between_publications_starts_at_a_broadcast_only_vers
 
     async def main():
         async with RolloutClient(servers.urls, timeout=60) as client:
-            supervisor = ServerSupervisor(servers, client, max_restarts=1, publisher=publisher)
+            supervisor = ServerSupervisor(servers, client, max_restarts=1)
+            sync = WeightSync(supervisor, publisher, tmp_path)
             paths = []
             for version, model in enumerate(models, start=1):
                 snapshot = publisher.snapshot(ModelSource(model), tmp_path, version)
-                await supervisor.publish(snapshot.path, version, snapshot.state)
+                await sync.deliver(snapshot)
                 paths.append(snapshot.path)
             victim = servers.urls[1]
             os.kill(servers.pids[1], signal.SIGKILL)
             new_url = await supervisor.recover(victim)
-            return paths, victim, new_url, supervisor.latest, await checksums(client)
+            return paths, victim, new_url, sync.restart_snapshot, await checksums(client)
 
     paths, victim, new_url, latest, after = asyncio.run(main())
     assert paths == [tmp_path / "v1", None] and latest == (tmp_path / "v2", 2)

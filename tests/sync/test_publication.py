@@ -1,4 +1,4 @@
-"""Publication as a transaction (relayrl.launch.publication), one test per exit path, on the
+"""Publication as a transaction (relayrl.sync.transaction), one test per exit path, on the
 supervisor's fakes (tests/launch/test_supervisor.py: a hung fake server answers nothing until
 it is killed, a dead one is unreachable): success; a server that answers an error; a step
 past its deadline; the whole publication past its deadline; a cancellation (the run ending);
@@ -10,6 +10,7 @@ failure is one error naming the server, the step and the version."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,17 +21,13 @@ from relayrl.engine.client import Generation, RolloutClient, RolloutServerError,
 from relayrl.engine.engine import Engine
 from relayrl.engine.weights import weights_checksum
 from relayrl.launch import supervisor as sup
-from relayrl.launch.publication import (
-    Canary,
-    Deadlines,
-    Publication,
-    PublicationError,
-    reference_logprobs,
-)
-from relayrl.launch.publish import DiskPublisher, ModelSource, make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
+from relayrl.sync.canary import Canary, reference_logprobs
+from relayrl.sync.transaction import Deadlines, PublicationError
+from relayrl.sync.transports import DiskPublisher, ModelSource, Snapshot, make_publisher
+from relayrl.sync.weight_sync import WeightSync
 from tests.launch.test_supervisor import FakeClient, FakeLauncher
 
 
@@ -67,32 +64,33 @@ class FaultyClient(FakeClient):
 def make(mode: str = "abort", step_s: float = 5.0, total_s: float = 10.0):
     launcher = FakeLauncher(2)
     client = FaultyClient(launcher)
-    supervisor = ServerSupervisor(
-        launcher, client, 3, publish_mode=mode, deadlines=Deadlines(step_s, total_s)
+    supervisor = ServerSupervisor(launcher, client, 3)
+    sync = WeightSync(
+        supervisor, DiskPublisher(), Path("/w"), mode=mode, deadlines=Deadlines(step_s, total_s)
     )
-    return launcher, client, supervisor
+    return launcher, client, supervisor, sync
 
 
-def publish(supervisor: ServerSupervisor, version: int = 5, checksum: str = "c" * 64):
-    return supervisor.publish(f"/w/v{version}", version, checksum=checksum)
+def publish(sync: WeightSync, version: int = 5, checksum: str = "c" * 64):
+    return sync.deliver(Snapshot(version, f"/w/v{version}", checksum=checksum))
 
 
 def test_success_pauses_loads_verifies_and_resumes_every_server():
-    launcher, client, s = make()
-    asyncio.run(publish(s))
+    launcher, client, s, sync = make()
+    asyncio.run(publish(sync))
     assert client.calls == ["pause:abort"] * 2 + ["load:5"] * 2 + ["continue"] * 2
-    assert sorted(client.resumed) == launcher.urls and not s.steps.watch.paused
+    assert sorted(client.resumed) == launcher.urls and not sync.transaction.watch.paused
 
 
 def test_an_error_answer_fails_naming_server_step_and_version_and_resumes_all():
-    launcher, client, s = make()
+    launcher, client, s, sync = make()
     client.errors["http://s1"] = "HTTP 500: out of memory"
     with pytest.raises(PublicationError) as err:
-        asyncio.run(publish(s))
+        asyncio.run(publish(sync))
     message = str(err.value)
     assert message.startswith("publication of weights v5: rollout server(s) http://s1: load")
     assert "out of memory" in message and err.value.step == "load"
-    assert sorted(client.resumed) == launcher.urls and not s.steps.watch.paused
+    assert sorted(client.resumed) == launcher.urls and not sync.transaction.watch.paused
     assert s.restarts == 0
 
 
@@ -100,15 +98,15 @@ def test_a_step_past_its_deadline_fails_and_a_server_that_cannot_resume_is_resta
     """s1 hangs (answers nothing, /health included, but the watchdog is not running): the
     load step ends at its deadline naming s1; its resume cannot be sent either, so s1 is
     killed and restarted; s0 is resumed."""
-    launcher, client, s = make(step_s=0.3)
+    launcher, client, s, sync = make(step_s=0.3)
 
     async def main():
-        await s.publish("/w/v1", 1, checksum="c" * 64)
+        await publish(sync, 1)
         launcher.hung.add("http://s1")
         loop = asyncio.get_running_loop()
         start = loop.time()
         with pytest.raises(PublicationError) as err:
-            await publish(s, 2)
+            await publish(sync, 2)
         return err.value, loop.time() - start
 
     error, elapsed = asyncio.run(asyncio.wait_for(main(), 10))
@@ -116,7 +114,7 @@ def test_a_step_past_its_deadline_fails_and_a_server_that_cannot_resume_is_resta
     assert "no answer within train.publish_step_timeout_s=0.3" in str(error)
     assert elapsed < 0.3 * 2 + 2.0, elapsed  # the step, then the resume, each bounded
     assert launcher.killed == ["http://s1"] and s.restarts == 1
-    assert launcher.urls == ["http://s0", "http://s1-r1"] and not s.steps.watch.paused
+    assert launcher.urls == ["http://s0", "http://s1-r1"] and not sync.transaction.watch.paused
     assert "http://s0" in client.resumed[-2:]
     # the replacement loads the restart source: the newest disk snapshot (the run then ends
     # on the error; a later publication would bring every server to one version)
@@ -124,12 +122,12 @@ def test_a_step_past_its_deadline_fails_and_a_server_that_cannot_resume_is_resta
 
 
 def test_the_whole_publication_past_its_deadline_fails_naming_the_step():
-    launcher, client, s = make(mode="retract", step_s=5.0, total_s=0.4)
+    launcher, client, s, sync = make(mode="retract", step_s=5.0, total_s=0.4)
     launcher.hung.add("http://s0")
 
     async def main():
         with pytest.raises(PublicationError) as err:
-            await publish(s)
+            await publish(sync)
         launcher.hung.discard("http://s0")
         return err.value
 
@@ -140,11 +138,11 @@ def test_the_whole_publication_past_its_deadline_fails_naming_the_step():
 
 def test_a_cancelled_publication_resumes_what_it_paused():
     """The run ending cancels the publication in flight: it still resumes the servers."""
-    launcher, client, s = make(step_s=2.0)
+    launcher, client, s, sync = make(step_s=2.0)
     launcher.hung.add("http://s1")
 
     async def main():
-        task = asyncio.ensure_future(publish(s))
+        task = asyncio.ensure_future(publish(sync))
         while "pause:abort" not in client.calls:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -154,25 +152,25 @@ def test_a_cancelled_publication_resumes_what_it_paused():
             await task
 
     asyncio.run(asyncio.wait_for(main(), 10))
-    assert sorted(client.resumed) == launcher.urls and not s.steps.watch.paused
+    assert sorted(client.resumed) == launcher.urls and not sync.transaction.watch.paused
     assert not any(c.startswith("load") for c in client.calls)
 
 
 def test_a_server_restarted_mid_publication_gets_the_publication_repeated():
-    launcher, client, s = make()
+    launcher, client, s, sync = make()
     launcher.dead.add("http://s1")
-    asyncio.run(asyncio.wait_for(publish(s, 3), 10))
+    asyncio.run(asyncio.wait_for(publish(sync, 3), 10))
     assert s.restarts == 1 and launcher.urls == ["http://s0", "http://s1-r1"]
     assert ("http://s0", "/w/v3", 3) in client.loaded
     assert ("http://s1-r1", "/w/v3", 3) in client.loaded
-    assert not s.steps.watch.paused
+    assert not sync.transaction.watch.paused
 
 
 def test_the_watchdog_resumes_a_server_kept_paused_past_the_deadline(capsys):
-    launcher, client, s = make(total_s=0.2)
+    launcher, client, s, sync = make(total_s=0.2)
 
     async def main():
-        s.steps.watch.mark(["http://s0"], 9, "load")  # a publication that never resumed it
+        sync.transaction.watch.mark(["http://s0"], 9, "load")  # a publication that never resumed it
         fatal: list[BaseException] = []
         watch = asyncio.create_task(s.watch(fatal.append))
         while "http://s0" not in client.resumed:
@@ -181,17 +179,17 @@ def test_the_watchdog_resumes_a_server_kept_paused_past_the_deadline(capsys):
         return fatal
 
     assert asyncio.run(asyncio.wait_for(main(), 10)) == []
-    assert not s.steps.watch.paused
+    assert not sync.transaction.watch.paused
     err = capsys.readouterr().err
     assert "watchdog: rollout server http://s0 was paused for" in err
     assert "publication of v9 (load step" in err
 
 
 def test_a_server_serving_stale_weights_under_the_new_label_fails_verification():
-    launcher, client, s = make(mode="retract")
+    launcher, client, s, sync = make(mode="retract")
     client.stale.add("http://s0")
     with pytest.raises(PublicationError) as err:
-        asyncio.run(publish(s, 4))
+        asyncio.run(publish(sync, 4))
     assert err.value.step == "verify" and err.value.servers == ["http://s0"]
     assert "stale or partial weights under the new label" in str(err.value)
 
@@ -220,6 +218,57 @@ def perturbed_source(model_dir, seed: int) -> ModelSource:
     return ModelSource(model)
 
 
+class Trainer(ModelSource):
+    """A trainer as publications see it: its weights and its version (its updates)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self.version = 0
+
+
+def test_the_published_version_is_read_from_the_version_clock_alone(tiny_model_dir, tmp_path):
+    """One owner of the published version: the WeightSync's VersionClock. It stays at what
+    the servers serve while a publication is in flight, moves when every server serves the
+    new version (each server reports it), its lag is how far the trainer is ahead, and the
+    controller (the listener) is told exactly the clock's versions. maybe_publish publishes
+    only at a lag of at least the interval and never after the last step;
+    servers_to_trainer closes any lag."""
+    launcher = ServerLauncher(ServerSpec(str(tiny_model_dir)), 2, "thread", log_dir=tmp_path)
+    trainer = Trainer(load_model(tiny_model_dir))
+    listener = Listener()
+
+    async def main(urls):
+        async with RolloutClient(urls, timeout=60) as client:
+            supervisor = ServerSupervisor(launcher, client, 0)
+            sync = WeightSync(
+                supervisor, DiskPublisher(), tmp_path / "w", listener, trainer=trainer
+            )
+            clock = sync.clock
+            seen = [(clock.trainer_version, clock.published, clock.lag)]
+            trainer.version = 2  # two updates
+            held = await sync.maybe_publish(interval=3, last_step=False)  # lag 2 < 3
+            seen.append((clock.trainer_version, clock.published, clock.lag, held))
+            await sync.maybe_publish(interval=2, last_step=False)  # in the background
+            seen.append((clock.trainer_version, clock.published, clock.lag))  # in flight
+            await sync.finish()
+            seen.append((clock.trainer_version, clock.published, clock.lag))
+            served = [(await client.weights_report(u)).version for u in client.urls]
+            trainer.version = 3
+            held = await sync.maybe_publish(interval=1, last_step=True)  # the run is over
+            seen.append((clock.trainer_version, clock.published, clock.lag, held))
+            await sync.servers_to_trainer()  # e.g. before an evaluation on the servers
+            seen.append((clock.trainer_version, clock.published, clock.lag))
+            served += [(await client.weights_report(u)).version for u in client.urls]
+            sync.close()
+            return seen, served
+
+    with launcher:
+        seen, served = asyncio.run(main(launcher.urls))
+    assert seen == [(0, 0, 0), (2, 0, 2, 0.0), (2, 0, 2), (2, 2, 0), (3, 2, 1, 0.0), (3, 3, 0)]
+    assert served == [2, 2, 3, 3]
+    assert listener.versions == [2, 3] and listener.failure is None
+
+
 @pytest.mark.parametrize("transport", ["disk", "broadcast"])
 def test_a_server_that_keeps_stale_weights_under_the_new_label_fails_the_run(
     transport, tiny_model_dir, tmp_path, monkeypatch
@@ -243,8 +292,8 @@ def test_a_server_that_keeps_stale_weights_under_the_new_label_fails_the_run(
 
     async def main(urls):
         async with RolloutClient(urls, timeout=60) as client:
-            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
-            publication = Publication(supervisor, publisher, tmp_path / "w", listener)
+            supervisor = ServerSupervisor(launcher, client, 0)
+            publication = WeightSync(supervisor, publisher, tmp_path / "w", listener)
             await publication.submit(perturbed_source(tiny_model_dir, 1), 1, wait=True)
             faulty["on"] = True
             await publication.submit(perturbed_source(tiny_model_dir, 2), 2, wait=True)
@@ -285,8 +334,8 @@ def test_the_canary_catches_weights_delivered_but_not_applied(
 
     async def main(urls):
         async with RolloutClient(urls, timeout=60) as client:
-            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
-            publication = Publication(
+            supervisor = ServerSupervisor(launcher, client, 0)
+            publication = WeightSync(
                 supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-4)
             )
             await publication.submit(perturbed_source(tiny_model_dir, 1), 1, wait=True)
@@ -351,9 +400,9 @@ def test_a_server_lost_before_the_canary_is_restarted_and_the_canary_repeated(tm
     client = CanaryClient(launcher, model)
     client.lost_at_canary.add("http://s0")
     publisher = DiskPublisher()
-    supervisor = ServerSupervisor(launcher, client, 3, publisher=publisher)
+    supervisor = ServerSupervisor(launcher, client, 3)
     listener = Listener()
-    publication = Publication(
+    publication = WeightSync(
         supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-6)
     )
 
@@ -396,16 +445,17 @@ def test_a_restarted_server_never_starts_older_than_the_newest_publication():
     launcher = FakeLauncher(2)
     client = FaultyClient(launcher)
     publisher = HeldPublisher()
-    s = ServerSupervisor(launcher, client, 3, publisher=publisher)
+    s = ServerSupervisor(launcher, client, 3)
+    sync = WeightSync(s, publisher, Path("/w"))
 
     async def main():
-        await s.publish("/w/v1", 1)
-        await s.publish(None, 2, state={"w": torch.zeros(1)})
+        await sync.deliver(Snapshot(1, "/w/v1"))
+        await sync.deliver(Snapshot(2, None, state={"w": torch.zeros(1)}))
         launcher.dead.add("http://s1")
         return await s.recover("http://s1")
 
     new = asyncio.run(asyncio.wait_for(main(), 10))
     assert new == "http://s1-r1" and publisher.written == [2]
     assert client.loaded[-1] == ("http://s1-r1", "/w/v2-written", 2)
-    assert s.latest == ("/w/v2-written", 2)
+    assert sync.restart_snapshot == ("/w/v2-written", 2)
     assert all(v >= 2 for url, _, v in client.loaded if url == new)

@@ -23,13 +23,15 @@ from relayrl.engine.engine import Engine
 from relayrl.engine.model_runner import ModelRunner
 from relayrl.engine.types import EngineOptions
 from relayrl.errors import RelayError
-from relayrl.launch.publication import Canary, Publication, PublicationError
-from relayrl.launch.publish import make_publisher
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model, load_tokenizer
+from relayrl.sync.canary import Canary
+from relayrl.sync.transaction import PublicationError
+from relayrl.sync.transports import make_publisher
+from relayrl.sync.weight_sync import WeightSync
 from relayrl.train.lora import adapter_snapshot, apply_lora, save_adapter_snapshot
-from tests.launch.test_publication import Listener
+from tests.sync.test_publication import Listener
 
 
 class LoraSource:
@@ -116,8 +118,8 @@ def publish(tiny_model_dir, tmp_path, listener, transport="disk", servers=1, see
         from relayrl.engine.client import RolloutClient
 
         async with RolloutClient(urls, timeout=60) as client:
-            supervisor = ServerSupervisor(launcher, client, 0, publisher=publisher)
-            publication = Publication(
+            supervisor = ServerSupervisor(launcher, client, 0)
+            publication = WeightSync(
                 supervisor, publisher, tmp_path / "w", listener, Canary(every=1, tolerance=1e-4)
             )
             for version, seed in enumerate(seeds, start=1):
@@ -224,7 +226,7 @@ def test_a_broadcast_adapter_publication_without_a_disk_snapshot_is_written_on_d
     """With ``broadcast_snapshot_every=2`` the second publication is broadcast only; when a
     server must restart (or a broadcast falls back to disk) the held adapters are written
     then, as an adapter snapshot with the trainer's checksum, not as full weights."""
-    from relayrl.launch.publish import BroadcastPublisher
+    from relayrl.sync.transports import BroadcastPublisher
 
     publisher = BroadcastPublisher(30.0, snapshot_every=2)
     source = LoraSource(tiny_model_dir, 1)
