@@ -4,7 +4,8 @@ Owns the request bodies :class:`ChatIn` (``/v1/chat/completions``) and :class:`C
 (``/v1/completions``), :class:`OpenAIError` and :func:`parse_body` (OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}``, ``param`` naming the bad field), and
 :func:`render_chat` (messages, and ``tools``, into prompt token ids through the tokenizer's
-chat template). The routes and the answers are ``relayrl.engine.chat``'s.
+chat template; ``tools`` or ``tool_calls`` that the template leaves out of the prompt are
+a 400, never dropped silently). The routes and the answers are ``relayrl.engine.chat``'s.
 
 What is refused, and why: a field this server does not implement is a 400 naming it, never
 silently ignored. Fields OpenAI clients may send at their neutral value (penalties 0, an
@@ -309,20 +310,53 @@ def render_chat(tokenizer, body: ChatIn) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []] or None
-        try:
-            text = tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=True,
-                tokenize=False,
-                **(body.chat_template_kwargs or {}),
-            )
-        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja raise_exception)
-            raise OpenAIError(
-                f"messages: the chat template refused them: {exc}", "messages"
-            ) from None
+        text = _apply_template(tokenizer, body, messages, tools)
+        _check_tools_rendered(tokenizer, body, messages, tools, text)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return _render_plain(tokenizer, body)
+
+
+def _apply_template(
+    tokenizer, body: ChatIn, messages: list[dict[str, Any]], tools: list[dict] | None
+) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=False,
+            **(body.chat_template_kwargs or {}),
+        )
+    except Exception as exc:  # noqa: BLE001 - a template's own error (jinja raise_exception)
+        raise OpenAIError(f"messages: the chat template refused them: {exc}", "messages") from None
+
+
+def _check_tools_rendered(
+    tokenizer, body: ChatIn, messages: list[dict[str, Any]], tools: list[dict] | None, text: str
+) -> None:
+    """:class:`OpenAIError` where the chat template leaves ``tools`` or a message's
+    ``tool_calls`` out of the prompt (SmolLM2's ChatML template renders neither): the model
+    would answer as if they had not been sent. Told by rendering again without them."""
+    if tools and _apply_template(tokenizer, body, messages, None) == text:
+        raise OpenAIError(
+            "tools: this model's chat template does not render tools (the prompt is the same "
+            "with and without them), so the model would never see them; describe the tools "
+            "in a system message instead, or serve a model whose template lists them",
+            "tools",
+            code="unsupported_value",
+        )
+    for i, message in enumerate(messages):
+        if message.get("tool_calls"):
+            bare = {key: value for key, value in message.items() if key != "tool_calls"}
+            without = [*messages[:i], bare, *messages[i + 1 :]]
+            if _apply_template(tokenizer, body, without, tools) == text:
+                raise OpenAIError(
+                    f"messages[{i}].tool_calls: this model's chat template does not render "
+                    "tool calls, so the model would never see them; write the call into the "
+                    "message's content instead",
+                    f"messages[{i}].tool_calls",
+                    code="unsupported_value",
+                )
 
 
 def _render_plain(tokenizer, body: ChatIn) -> list[int]:

@@ -10,8 +10,10 @@ its requests aborted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -58,16 +60,25 @@ def templated(tiny_model_dir):
     return tokenizer
 
 
+@contextlib.contextmanager
+def openai_server(model, tokenizer, model_dir) -> Iterator[tuple[Engine, openai.OpenAI]]:
+    """(engine, client): a loopback server over ``model`` with ``tokenizer``'s template."""
+    engine = Engine(model, tokenizer, EngineOptions(), model_path=str(model_dir))
+    server = ServerThread(create_app(engine)).start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    try:
+        yield engine, client
+    finally:
+        client.close()
+        server.stop()
+        engine.shutdown()
+
+
 @pytest.fixture
 def oai(tiny_model, templated, tiny_model_dir):
     """(engine, client) of a server over the tiny model with the template above."""
-    engine = Engine(tiny_model, templated, EngineOptions(), model_path=str(tiny_model_dir))
-    server = ServerThread(create_app(engine)).start()
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    yield engine, client
-    client.close()
-    server.stop()
-    engine.shutdown()
+    with openai_server(tiny_model, templated, tiny_model_dir) as served:
+        yield served
 
 
 def template_ids(tokenizer, messages, tools=None) -> list[int]:

@@ -172,8 +172,8 @@ def scripted(tiny_model_dir):
         server.stop()
 
 
-LLAMA_TEMPLATE = (
-    "{% for m in messages %}{{ m.content }}{% endfor %}<|python_tag|>"  # detected as llama3_json
+LLAMA_TEMPLATE = (  # detected as llama3_json; renders the tools (the server refuses otherwise)
+    "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}<|python_tag|>"
 )
 
 
