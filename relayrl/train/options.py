@@ -66,6 +66,8 @@ class TrainerOptions:
     - ``autocast_bf16``: forward passes under bf16 autocast, fp32 weights, gradients and
       optimizer state (``train.mixed_precision=bf16`` at ``train.world_size=1``; FSDP2's
       mixed precision does it above).
+    - ``share_prompts``: the samples of a prompt in a micro-batch compute the prompt once
+      (``optim.share_prompts``; ``relayrl.train.shared_prompts``).
     """
 
     loss: LossConfig
@@ -84,6 +86,7 @@ class TrainerOptions:
     ppo_epochs: int
     drift_metrics: bool
     replay: ReplayConfig | None
+    share_prompts: bool
     stale_kl: bool = False
     autocast_bf16: bool = False
 
@@ -108,6 +111,7 @@ class TrainerOptions:
             ppo_epochs=optim.ppo_epochs,
             drift_metrics=config.train.drift_metrics,
             replay=config.replay.model_copy() if config.replay.enable else None,
+            share_prompts=optim.share_prompts,
             stale_kl=config.rollout.staleness.auto,
             autocast_bf16=config.train.mixed_precision == "bf16" and config.train.world_size == 1,
         )

@@ -83,6 +83,15 @@ from relayrl.train.lora import (
 )
 from relayrl.train.options import TrainerOptions
 from relayrl.train.replay_step import LossTerms, ReplayBatch, ReplayStep
+from relayrl.train.shared_prompts import (
+    PackedPrompts,
+    Sharing,
+    pack_by_prompt,
+    packed_logits,
+    plan_prompt_units,
+    sharing_for,
+    unit_length,
+)
 
 MAX_STATS = ("is_weight_max",)
 
@@ -112,6 +121,7 @@ class _MicroBatch:
     behav: torch.Tensor
     adv: torch.Tensor
     spans: list[slice]
+    packed: PackedPrompts | None = None  # its shared prompts, computed once (shared_prompts)
 
     def scatter(self, per_traj: Sequence[torch.Tensor]) -> torch.Tensor:
         """``[b, L-1]`` tensor of per-trajectory completion values (``per_traj`` is indexed
@@ -136,8 +146,14 @@ def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
 
 
 def _collate(
-    trajs: Sequence[Trajectory], index: list[int], pad_id: int, device: torch.device
+    trajs: Sequence[Trajectory],
+    index: list[int],
+    pad_id: int,
+    device: torch.device,
+    sharing: Sharing | None = None,
 ) -> _MicroBatch:
+    """Trajectories ``index`` right-padded, one row each; with ``sharing``, also packed by
+    prompt for the forward pass (rows that share a prompt compute it once)."""
     seqs = [trajs[i] for i in index]
     width = max(t.num_tokens for t in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -157,7 +173,12 @@ def _collate(
         behav[row, span] = torch.tensor(t.behav_logprobs, dtype=torch.float32)
         adv[row, span] = torch.tensor(t.token_advantages) if t.token_advantages else t.advantage
     ids, attn, mask, behav, adv = (x.to(device) for x in (ids, attn, mask, behav, adv))
-    return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans)
+    packed = None
+    if sharing is not None:
+        start = min(span.start for span in spans)
+        packed = pack_by_prompt(trajs, index, pad_id, sharing, start, width)
+        packed = packed.to(device) if packed is not None else None
+    return _MicroBatch(index, ids, attn, ids[:, 1:], mask, behav, adv, spans, packed)
 
 
 def minibatch_slices(
@@ -216,6 +237,10 @@ class RLTrainer:
             self.optimizer, lambda s: lr_factor(s, o.warmup_steps, o.total_steps, o.schedule)
         )
         self.ref_model = self._reference_copy(model) if self.loss_cfg.kl_coef > 0 else None
+        # a group's prompt computed once per micro-batch, where the model can take it
+        self.sharing = (
+            sharing_for(model) if options.share_prompts and _takes_logits_to_keep(model) else None
+        )
         self.version = 0
         # the last step's trained samples (fresh, then D-ARL's replayed) and their log π_v
         # per completion token (None when the step computed none): RunLogger.log_inspect
@@ -243,10 +268,14 @@ class RLTrainer:
         kwargs = {"logits_to_keep": width - start} if _takes_logits_to_keep(model) else {}
         device = mb.input_ids.device.type
         with torch.autocast(device, dtype=torch.bfloat16, enabled=self.options.autocast_bf16):
-            logits = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs
-            ).logits
-        logits = logits[:, -(width - start) : -1].float() / self.temperature
+            if mb.packed is not None:
+                logits = packed_logits(model, mb.packed)
+            else:
+                logits = model(
+                    input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs
+                ).logits
+                logits = logits[:, -(width - start) : -1]
+        logits = logits.float() / self.temperature
         logp = torch.log_softmax(logits, dim=-1)
         logp = logp.gather(-1, mb.targets[:, start:].unsqueeze(-1)).squeeze(-1)
         head = logp.new_zeros(logp.shape[0], start)
@@ -258,10 +287,21 @@ class RLTrainer:
 
     def _micro_batches(self, trajs: Sequence[Trajectory]) -> list[_MicroBatch]:
         """First-fit-decreasing packs under ``optim.micro_batch_tokens`` (padded cost: each
-        micro-batch is collated right-padded to its longest sequence), collated."""
-        plan = pack_micro_batches([t.num_tokens for t in trajs], self.options.micro_batch_tokens)
+        micro-batch is collated right-padded to its longest row), collated. With shared
+        prompts a row is one prompt and its samples' completions (``shared_prompts``), so
+        the samples of a group stay in one micro-batch."""
+        budget = self.options.micro_batch_tokens
         device = next(self.model.parameters()).device
-        return [_collate(trajs, idx, self.pad_id, device) for idx in plan]
+        if self.sharing is None:
+            plan = pack_micro_batches([t.num_tokens for t in trajs], budget)
+            return [_collate(trajs, idx, self.pad_id, device) for idx in plan]
+        units = plan_prompt_units(trajs, range(len(trajs)), self.sharing.limit)
+        lengths = [unit_length(trajs, u) for u in units]
+        plan = [
+            [i for u in sorted(idx) for i in units[u]]
+            for idx in pack_micro_batches(lengths, budget)
+        ]
+        return [_collate(trajs, idx, self.pad_id, device, self.sharing) for idx in plan]
 
     def traj_logprobs(
         self,
