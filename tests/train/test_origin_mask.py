@@ -35,9 +35,7 @@ def episode(sample_index: int, advantage: float) -> Trajectory:
 def test_environment_tokens_get_no_gradient(tmp_path, tiny_model_dir):
     # one row per trajectory, so the output head's gradient reads per position (the packed
     # layout of shared prompts gives the same gradient: tests/train/test_shared_prompts.py)
-    config = rl_config(
-        tmp_path, tiny_model_dir, "algo.loss=decoupled", "optim.share_prompts=false"
-    )
+    config = rl_config(tmp_path, tiny_model_dir, "algo.loss=decoupled", "optim.share_prompts=false")
     model = load_model(tiny_model_dir)
     trainer = RLTrainer(model, TrainerOptions.from_config(config), pad_id=0)
     grads: list[torch.Tensor] = []
