@@ -14,6 +14,7 @@ Imports: torch, relayrl.engine (kv cache, sampling, sequence, weights), relayrl.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +55,25 @@ def sliding_window(config) -> int | None:
     if layer_types and "sliding_attention" not in layer_types:
         return None
     return int(window)
+
+
+def served_context(config, requested: int | None) -> int:
+    """The longest sequence the engine serves: ``requested`` (``max_seq_len``: ``relayrl
+    serve --max-seq-len``, a run's ``model.max_context``), else the model's
+    ``max_position_embeddings``; a request beyond the model's positions is capped at them,
+    with a warning naming both numbers (the cap was silent: ``--max-seq-len 16384`` served
+    8192 tokens)."""
+    positions = getattr(config, "max_position_embeddings", None) or 4096
+    if requested is None or requested <= positions:
+        return requested or positions
+    print(
+        f"warning: max_seq_len {requested} (relayrl serve --max-seq-len, model.max_context) "
+        f"is more than the model's max_position_embeddings {positions}; the engine serves "
+        f"at most {positions} tokens per request (prompt + completion)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return positions
 
 
 def check_supported(config, max_seq_len: int) -> None:
@@ -116,8 +136,7 @@ class ModelRunner:
     def __init__(self, model, options: EngineOptions, stats: dict[str, Any]) -> None:
         self.model = model.eval()
         config = model.config
-        context = getattr(config, "max_position_embeddings", None) or 4096
-        self.max_seq_len = min(options.max_seq_len or context, context)
+        self.max_seq_len = served_context(config, options.max_seq_len)
         check_supported(config, self.max_seq_len)
         self.stats = stats  # the engine's counters, shared
         self.device = next(model.parameters()).device

@@ -289,3 +289,18 @@ def test_stops_and_validation(make_engine, tiny_tokenizer):
         with pytest.raises(ValueError, match=field):
             engine.submit(bad_ids, bad_params)
     assert engine.stats()["num_requests"] == 0
+
+
+def test_a_context_beyond_the_models_positions_is_capped_with_a_warning(
+    make_engine, tiny_model, capsys
+):
+    positions = tiny_model.config.max_position_embeddings
+    engine = make_engine(max_seq_len=positions * 2)
+    assert engine.max_seq_len == positions
+    warning = capsys.readouterr().err
+    assert f"max_seq_len {positions * 2}" in warning
+    assert f"max_position_embeddings {positions}" in warning
+    with pytest.raises(ValueError, match=f"max_seq_len {positions}"):
+        engine.submit([1] * positions, SamplingParams(max_new_tokens=1))
+    within = make_engine(max_seq_len=positions)
+    assert within.max_seq_len == positions and capsys.readouterr().err == ""
