@@ -138,6 +138,7 @@ class Engine:
         self._weight_version = self.options.weight_version
         self._base_version = self._weight_version  # the version of the weights themselves
         self._paused = False
+        self._step_error: str | None = None  # the last step's failure, until a step succeeds
         self._rid_counter = itertools.count()
         self._commands: queue.Queue = queue.Queue()
         self._shutdown = False
@@ -333,6 +334,17 @@ class Engine:
     def paused(self) -> bool:
         return self._paused
 
+    def health_problem(self) -> str | None:
+        """Why this engine cannot serve now, or None: its loop has stopped, or its last step
+        failed (every request in it got the error; a later step that succeeds clears it).
+        What ``GET /health`` reports; read from any thread without waiting on the loop."""
+        if self._shutdown or not self._thread.is_alive():
+            return "the engine's loop has stopped"
+        error = self._step_error
+        if error is not None:
+            return f"the engine's last step failed ({error}); its requests failed with it"
+        return None
+
     def update_weights(
         self,
         source: str | Path | Mapping[str, torch.Tensor] | Adapter,
@@ -439,7 +451,10 @@ class Engine:
         try:
             self.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
+            self._step_error = " ".join(f"{type(exc).__name__}: {exc}".split())
             self.scheduler.fail_all(exc)
+        else:
+            self._step_error = None
 
     # ------------------------------------------------------------------ commands (loop thread)
     def _add(self, request: Sequence) -> None:

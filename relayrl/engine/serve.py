@@ -5,7 +5,8 @@ an inherited listening socket, API key, whether a keyless server's control plane
 torch threads, access log, and the :class:`EngineOptions`) and :func:`serve_main`,
 the one entry point that both ``relayrl serve`` (from its argv) and the run launcher (from a
 JSON copy of the options, :meth:`ServeOptions.to_json`, and the API key in its environment)
-call; neither goes through the other.
+call; neither goes through the other. :func:`check_generates` keeps a server whose engine
+cannot generate from starting.
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def _warn_open(options: ServeOptions) -> None:
     )
 
 
+def check_generates(engine) -> None:
+    """Refuse to serve an engine that cannot generate: one greedy generation of two tokens
+    from a one-token prompt (a prefill and a decode step, where the KV cache is allocated)
+    before the port is served. A server whose every request failed (500) answered
+    ``/health`` with ok; now it does not start, with one error line."""
+    from relayrl.engine.types import SamplingParams
+
+    budget = engine.kv_budget_tokens or 3
+    new_tokens = max(1, min(2, engine.max_seq_len - 1, budget - 1))
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
+    try:
+        engine.generate_batch([[0]], params)
+    except Exception as exc:  # noqa: BLE001 - whatever the model raised, reported whole
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+        raise RelayError(
+            f"{engine.model_path}: the engine failed its first generation, so nothing is "
+            f"served ({error})"
+        ) from exc
+
+
 def serve_main(options: ServeOptions) -> int:
     """Load ``options.model`` into an :class:`Engine` and serve it until interrupted."""
     import socket
@@ -82,6 +103,7 @@ def serve_main(options: ServeOptions) -> int:
     torch.set_num_threads(options.threads)
     engine = Engine.from_pretrained(options.model, options.engine)
     try:
+        check_generates(engine)
         serve(
             engine,
             options.host,

@@ -411,7 +411,10 @@ def create_app(
         return _error(400, _validation_message(exc))
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health():
+        problem = engine.health_problem()
+        if problem is not None:  # live but unable to serve: not ready (supervisors restart it)
+            return JSONResponse(status_code=503, content={"status": "error", "error": problem})
         return {"status": "ok"}
 
     @app.get("/get_model_info")
