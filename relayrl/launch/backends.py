@@ -20,7 +20,8 @@ backend is two things that the run, the launcher and the supervisor use and noth
 Keys (docs/security.md): the servers a backend launches get a fresh run key
 (:meth:`RolloutBackend.launched_spec`), servers someone else started the one of
 ``rollout.api_key`` / ``$RELAYRL_API_KEY`` / ``$RELAYRL_API_KEY_FILE``; the backend's clients
-send it (:attr:`RolloutBackend.api_key`).
+send it (:attr:`RolloutBackend.api_key`), to a server someone else started only once it has
+proved that it holds it (:meth:`RolloutBackend.external_servers`).
 
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
 ``vllm``: a vLLM OpenAI server (``relayrl.launch.vllm``, ``relayrl.engine.vllm_client``).
@@ -112,8 +113,18 @@ class RolloutBackend(ABC):
         (``relayrl.launch.launchers``) of :meth:`launched_spec`."""
         rollout = self.config.rollout
         if rollout.server_urls:
-            return ExternalServers(list(rollout.server_urls), rollout.startup_timeout_s)
+            return self.external_servers(list(rollout.server_urls))
         return make_launcher(self.config).server_launcher(self.launched_spec(), run_dir)
+
+    def external_servers(
+        self, urls: list[str], origin: str = "rollout.server_urls", wait: bool = True
+    ) -> ExternalServers:
+        """Servers someone else started at ``urls``: their :meth:`ExternalServers.start`
+        checks that each proves it holds :attr:`api_key` before a client sends it there
+        (waiting ``rollout.startup_timeout_s`` for them to answer, or not at all)."""
+        timeout = self.config.rollout.startup_timeout_s if wait else 0.0
+        urls = [url.rstrip("/") for url in urls]
+        return ExternalServers(urls, timeout, api_key=self.api_key, origin=origin)
 
     async def check_servers(self, client: RolloutClient) -> None:
         """:meth:`check_server` on every server of ``client`` (before training)."""

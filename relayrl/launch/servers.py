@@ -21,6 +21,8 @@ copy stops listening but keeps the port (:func:`unlisten`): connections to a dea
 refused, as before, and nobody else can bind its port while the run may still send to it.
 A keyed server is healthy only when ``GET /health`` carries the proof that it holds the key
 (:func:`health_state`, ``relayrl.runkey.health_proof``): the key is never sent to find out.
+:class:`ExternalServers` (servers someone else started) holds the same test before the
+client's first request carries the key to them.
 :meth:`ServerLauncher.check` raises a :class:`RelayError` naming a server that died (with
 the most telling line of its log); :meth:`respawn` replaces one server by a fresh process
 (the policy of when to do so is ``relayrl.launch.supervisor``'s); :meth:`kill` kills one (a
@@ -181,6 +183,12 @@ def healthy(url: str, timeout: float = 1.0) -> bool:
 UP, DOWN, UNPROVEN = "up", "down", "unproven"
 
 
+def url_port(url: str) -> int:
+    """The TCP port ``url`` connects to (its scheme's default when it names none)."""
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
 def health_state(url: str, key: str | None, timeout: float = 1.0) -> str:
     """``GET /health`` on ``url`` with a fresh challenge: :data:`UP` if it answers 200 and,
     when ``key`` is given, the proof that it holds ``key`` (``x-relayrl-proof``);
@@ -197,7 +205,7 @@ def health_state(url: str, key: str | None, timeout: float = 1.0) -> str:
         return DOWN
     if key is None:
         return UP
-    expected = health_proof(key, urlsplit(url).port or 80, challenge)
+    expected = health_proof(key, url_port(url), challenge)
     return UP if hmac.compare_digest(proof, expected) else UNPROVEN
 
 
@@ -585,12 +593,16 @@ class ServerLauncher:
 
 @dataclass
 class ExternalServers:
-    """Servers someone else started (``rollout.server_urls``), behind the launcher's
-    interface: :meth:`start` waits until each answers ``/health`` (RelayError naming the
-    URL after ``startup_timeout_s``); none is started, stopped, killed or restarted."""
+    """Servers someone else started (``rollout.server_urls``, ``relayrl eval --server-url``),
+    behind the launcher's interface: :meth:`start` waits until each answers ``/health`` and,
+    when the client has a key, proves that it holds it (:func:`health_state`) before the
+    client sends that key anywhere; none is started, stopped, killed or restarted."""
 
     urls: list[str]
     startup_timeout_s: float = 120.0
+    # the key the client will send them; None: no key, nothing to prove
+    api_key: str | None = field(default=None, repr=False)
+    origin: str = "rollout.server_urls"  # where the URLs were given, for error messages
 
     def __enter__(self) -> ExternalServers:
         self.start()
@@ -600,17 +612,38 @@ class ExternalServers:
         self.stop()
 
     def start(self) -> list[str]:
+        """Wait for every server (RelayError naming the URL after ``startup_timeout_s``, at
+        once for one that answers without the proof of the key)."""
         deadline = time.monotonic() + self.startup_timeout_s
         for i, url in enumerate(self.urls):
-            while not healthy(url):
+            while (state := health_state(url, self.api_key)) != UP:
+                if state == UNPROVEN:
+                    raise RelayError(self._unproven(i))
                 if time.monotonic() > deadline:
+                    within = (
+                        f" within {self.startup_timeout_s:.0f}s (rollout.startup_timeout_s)"
+                        if self.startup_timeout_s
+                        else ""
+                    )
                     raise RelayError(
-                        f"rollout.server_urls[{i}]: {url} did not answer GET /health within "
-                        f"{self.startup_timeout_s:.0f}s (rollout.startup_timeout_s); is it "
+                        f"{self.origin}[{i}]: {url} did not answer GET /health{within}; is it "
                         "running and reachable?"
                     )
                 time.sleep(0.2)
         return self.urls
+
+    def _unproven(self, i: int) -> str:
+        url = self.urls[i]
+        port = url_port(url)
+        return (
+            f"{self.origin}[{i}]: {url} answered GET /health without proving that it holds "
+            f"the key; expected its {PROOF_HEADER} header to be HMAC-SHA256(key, "
+            f"'relayrl-health {port} <challenge>') from a server started with the key of "
+            "rollout.api_key / $RELAYRL_API_KEY / $RELAYRL_API_KEY_FILE (`relayrl serve`, or "
+            f"vLLM with relayrl_vllm_guard) and listening on port {port} itself (not behind a "
+            "port forward or proxy on another port). Another process may be listening there; "
+            "the key was not sent to it (docs/security.md)"
+        )
 
     is_process_mode = False
     pids: list[int] = field(default_factory=list)

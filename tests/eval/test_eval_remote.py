@@ -99,7 +99,9 @@ def bad_server_error(model_dir, capsys, *server_args: str) -> str:
 def test_unreachable_server_url_is_one_error_line(tiny_model_dir, capsys):
     url = closed_port_url()
     line = bad_server_error(tiny_model_dir, capsys, "--server-url", url)
-    assert line.startswith(f"error: --server-url: rollout server {url}: unreachable")
+    assert line == (
+        f"error: --server-url[0]: {url} did not answer GET /health; is it running and reachable?"
+    )
 
 
 def test_server_url_without_scheme_is_one_error_line(tiny_model_dir, capsys):
