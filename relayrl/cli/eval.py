@@ -59,6 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=1, help="samples per problem (K)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest prompt + completion in tokens, as model.max_context: a longer prompt is "
+        "not generated (too_long_for_context), a completion stops at it (default: --config's "
+        "model.max_context, else the model's or the servers' context)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="first N problems only")
     parser.add_argument("--out", default=None, help="per-problem JSONL (default: print path)")
     parser.add_argument("--data-root", default=None, help="folder of the benchmark files")
@@ -149,6 +158,23 @@ def _system_prompt(args: argparse.Namespace, config) -> str | None:
     return config.model.system_prompt if config is not None else None
 
 
+def _max_context(args: argparse.Namespace, config) -> int | None:
+    """``--max-context``, else the ``--config``'s ``model.max_context`` (None: neither)."""
+    if args.max_context is not None:
+        if args.max_context < 2:
+            raise RelayError(f"--max-context must be >= 2, got {args.max_context}")
+        return args.max_context
+    return config.model.max_context if config is not None else None
+
+
+def cap_context(engine, max_context: int | None) -> None:
+    """Bound ``engine``'s context (prompt + completion) by ``max_context``: what
+    :func:`relayrl.eval.evaluate.evaluate` reads to skip prompts and cap completions, on the
+    in-process engine (already built with it) and on servers of a longer context alike."""
+    if max_context is not None and max_context < engine.max_seq_len:
+        engine.max_seq_len = max_context
+
+
 def _run_config(args: argparse.Namespace):
     """``--config`` loaded (None without it); its ``model.path`` is the default ``--model``."""
     from relayrl.config.loader import load_config
@@ -178,13 +204,10 @@ def _backend(args: argparse.Namespace, config):
         except ValueError as exc:
             raise RelayError(f"--engine: {exc}") from None
         config = load_config(args.config, [f"rollout.engine={name}"])
-    backend = make_backend(config, args.model)
-    if args.api_key:  # the key of servers someone else started; launched ones get their own
-        backend.api_key = args.api_key
-    return backend
+    return make_backend(config, args.model)
 
 
-def _remote(backend, urls: list[str], origin: str):
+def _remote(backend, urls: list[str], api_key: str | None, origin: str):
     """A :class:`RemoteEngine` over ``urls`` speaking ``backend``'s protocol; an unreachable
     server is an error naming ``origin`` (where the URLs came from)."""
     from relayrl.engine.client import RolloutServerError
@@ -194,7 +217,7 @@ def _remote(backend, urls: list[str], origin: str):
     try:
         return RemoteEngine(
             # a request's time includes its wait in the server's queue: an hour, as training
-            lambda: backend.client(list(urls), timeout=3600.0),
+            lambda: backend.client(list(urls), api_key=api_key or backend.api_key, timeout=3600.0),
             check=backend.check_protocols,
         )
     except RolloutServerError as exc:
@@ -213,9 +236,7 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
         if bad:
             raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
         backend = _backend(args, config)
-        # each server proves that it holds the key before it is sent (docs/security.md)
-        backend.external_servers(args.server_url, "--server-url", wait=False).start()
-        with _remote(backend, args.server_url, "--server-url") as engine:
+        with _remote(backend, args.server_url, args.api_key, "--server-url") as engine:
             yield engine
         return
     if config is not None and (config.rollout.server_urls or config.rollout.engine != "builtin"):
@@ -224,7 +245,7 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
         try:
             urls = launcher.start()
             origin = "rollout.server_urls" if config.rollout.server_urls else "launched server"
-            with _remote(backend, urls, origin) as engine:
+            with _remote(backend, urls, args.api_key, origin) as engine:
                 yield engine
         finally:
             launcher.stop()
@@ -232,7 +253,11 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
     from relayrl.engine.engine import Engine
     from relayrl.engine.types import EngineOptions
 
-    options = EngineOptions(device=args.device, max_running_requests=args.max_running_requests)
+    options = EngineOptions(
+        device=args.device,
+        max_running_requests=args.max_running_requests,
+        max_seq_len=args.max_context,
+    )
     with Engine.from_pretrained(args.model, options) as engine:
         yield engine
 
@@ -253,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 1 or args.temperature < 0 or args.max_new_tokens < 1:
         raise RelayError("--n and --max-new-tokens must be >= 1 and --temperature >= 0")
     config = _run_config(args)
+    args.max_context = _max_context(args, config)
     check_model_dir(args.model)
     tokenizer = load_tokenizer(args.model)
     problems = load_eval_problems(args)
@@ -273,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
             probe_sandbox=any(p.grader == "code" for p in problems),
         ) as pool,
     ):
+        cap_context(engine, args.max_context)
         try:
             report = evaluate(
                 engine,

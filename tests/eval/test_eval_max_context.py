@@ -1,0 +1,82 @@
+"""``relayrl eval --max-context N`` (issue 48): the context of an evaluation, with
+``model.max_context``'s meaning, in process and on servers of a longer context; a
+``--config``'s ``model.max_context`` by default. A prompt with no room left is not generated
+(``too_long``), and a completion stops at the context
+(``relayrl.eval.evaluate.generate_all``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relayrl.cli import main
+from relayrl.models.loading import encode_prompt, load_tokenizer
+from relayrl.tasks.registry import make_task
+from tests.eval.test_eval_command import run_eval
+from tests.eval.test_eval_remote import serve  # noqa: F401 - the fixture
+
+NEW_TOKENS = 20
+OPTIONS = ("--limit", "5", "--max-new-tokens", str(NEW_TOKENS), "--seed", "7", "--workers", "1")
+
+
+@pytest.fixture
+def prompt_lengths(tiny_model_dir) -> list[int]:
+    tokenizer = load_tokenizer(tiny_model_dir)
+    problems = make_task("arithmetic").problems("test", 5, seed=0)
+    return [len(encode_prompt(tokenizer, p.prompt)) for p in problems]
+
+
+def middle_context(lengths: list[int]) -> int:
+    """A context some prompts fit and some do not."""
+    context = sorted(lengths)[len(lengths) // 2] + 1
+    assert 0 < sum(n >= context for n in lengths) < len(lengths)
+    return context
+
+
+def check_bounded(out, capsys, lengths: list[int], context: int) -> None:
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    summary = capsys.readouterr().out.strip().splitlines()[1]
+    too_long = [n >= context for n in lengths]
+    assert f"too_long_for_context={sum(too_long)}" in summary
+    assert [r["too_long"] for r in rows] == too_long
+
+
+def test_max_context_bounds_an_in_process_evaluation(
+    tiny_model_dir, tmp_path, capsys, prompt_lengths
+):
+    context = middle_context(prompt_lengths)
+    out = tmp_path / "capped.jsonl"
+    assert run_eval(tiny_model_dir, "arithmetic", out, *OPTIONS, "--max-context", str(context)) == 0
+    check_bounded(out, capsys, prompt_lengths, context)
+
+
+def test_max_context_bounds_servers_of_a_longer_context(
+    serve,  # noqa: F811
+    tiny_model_dir,
+    tmp_path,
+    capsys,
+    prompt_lengths,
+):
+    context = middle_context(prompt_lengths)
+    url = serve()  # the model's whole context
+    out = tmp_path / "remote.jsonl"
+    extra = ("--server-url", url, "--max-context", str(context))
+    assert run_eval(tiny_model_dir, "arithmetic", out, *OPTIONS, *extra) == 0
+    check_bounded(out, capsys, prompt_lengths, context)
+
+
+def test_the_configs_max_context_is_the_default(tiny_model_dir, tmp_path, capsys, prompt_lengths):
+    context = middle_context(prompt_lengths)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  path: {tiny_model_dir}\n  max_context: {context}\n")
+    out = tmp_path / "config.jsonl"
+    argv = ["eval", "--config", str(config), "--data", "arithmetic", "--out", str(out)]
+    assert main([*argv, "--threads", "1", *OPTIONS]) == 0
+    check_bounded(out, capsys, prompt_lengths, context)
+
+
+def test_a_context_below_two_tokens_is_one_error_line(tiny_model_dir, tmp_path, capsys):
+    code = run_eval(tiny_model_dir, "arithmetic", tmp_path / "x.jsonl", "--max-context", "1")
+    assert code != 0
+    assert capsys.readouterr().err.strip() == "error: --max-context must be >= 2, got 1"
