@@ -120,6 +120,25 @@ def test_api_key_of_external_servers_comes_from_config_or_env_and_is_never_saved
     assert backend.client(["http://127.0.0.1:9"]).api_key == "from-env"
 
 
+def test_one_key_per_launch_for_every_server_and_restart_and_another_for_the_teacher(
+    tiny_model_dir, tmp_path
+):
+    """What docs/security.md ("One key for every server") says a stolen server key opens:
+    every server of the launch and each restart (the same environment for every index and
+    incarnation), not another launch's servers nor the launched teacher."""
+    from relayrl.launch.teacher import teacher_launcher
+
+    config = builtin_config(tiny_model_dir, f"distill.teacher={tiny_model_dir}")
+    spec = make_backend(config, tiny_model_dir).launched_spec()
+    # a restart of server i runs spec.environment(i) again (ServerLauncher.respawn)
+    assert {spec.environment(i)[API_KEY_ENV] for i in range(3)} == {spec.api_key}
+    others = {
+        make_backend(config, tiny_model_dir).launched_spec().api_key,  # the next command's
+        teacher_launcher(config, tmp_path).spec.api_key,
+    }
+    assert len(spec.api_key) == 43 and len(others) == 2 and spec.api_key not in others
+
+
 def test_key_files_must_be_private_and_the_run_key_is_created_0600(tmp_path):
     key = run_key(tmp_path)
     assert (tmp_path / "run.key").stat().st_mode & 0o777 == 0o600
