@@ -204,10 +204,13 @@ def _backend(args: argparse.Namespace, config):
         except ValueError as exc:
             raise RelayError(f"--engine: {exc}") from None
         config = load_config(args.config, [f"rollout.engine={name}"])
-    return make_backend(config, args.model)
+    backend = make_backend(config, args.model)
+    if args.api_key:  # the key of servers someone else started; launched ones get their own
+        backend.api_key = args.api_key
+    return backend
 
 
-def _remote(backend, urls: list[str], api_key: str | None, origin: str):
+def _remote(backend, urls: list[str], origin: str):
     """A :class:`RemoteEngine` over ``urls`` speaking ``backend``'s protocol; an unreachable
     server is an error naming ``origin`` (where the URLs came from)."""
     from relayrl.engine.client import RolloutServerError
@@ -217,7 +220,7 @@ def _remote(backend, urls: list[str], api_key: str | None, origin: str):
     try:
         return RemoteEngine(
             # a request's time includes its wait in the server's queue: an hour, as training
-            lambda: backend.client(list(urls), api_key=api_key or backend.api_key, timeout=3600.0),
+            lambda: backend.client(list(urls), timeout=3600.0),
             check=backend.check_protocols,
         )
     except RolloutServerError as exc:
@@ -236,7 +239,9 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
         if bad:
             raise RelayError(f"--server-url {bad[0]!r}: expected an http:// or https:// URL")
         backend = _backend(args, config)
-        with _remote(backend, args.server_url, args.api_key, "--server-url") as engine:
+        # each server proves that it holds the key before it is sent (docs/security.md)
+        backend.external_servers(args.server_url, "--server-url", wait=False).start()
+        with _remote(backend, args.server_url, "--server-url") as engine:
             yield engine
         return
     if config is not None and (config.rollout.server_urls or config.rollout.engine != "builtin"):
@@ -245,7 +250,7 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
         try:
             urls = launcher.start()
             origin = "rollout.server_urls" if config.rollout.server_urls else "launched server"
-            with _remote(backend, urls, args.api_key, origin) as engine:
+            with _remote(backend, urls, origin) as engine:
                 yield engine
         finally:
             launcher.stop()
