@@ -462,11 +462,11 @@ def served_model(engine) -> str:
     return str(engine.model_path) if engine.model_path else "relayrl"
 
 
-def _error(exc: OpenAIError) -> JSONResponse:
+def error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content=exc.body())
 
 
-async def _json(request: Request) -> Any:
+async def json_body(request: Request) -> Any:
     try:
         return json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -475,7 +475,7 @@ async def _json(request: Request) -> Any:
 
 async def endpoint_of(request: Request, engine, chat: bool) -> Endpoint:
     """:func:`make_endpoint` of the request's body, in the tokenizing thread."""
-    data = await _json(request)
+    data = await json_body(request)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(TOKENIZE, make_endpoint, engine, data, chat)
 
@@ -484,19 +484,29 @@ async def _answer(request: Request, engine, chat: bool):
     try:
         ep = await endpoint_of(request, engine, chat)
     except OpenAIError as exc:
-        return _error(exc)
+        return error_response(exc)
     if ep.body.stream:
         return StreamingResponse(stream_answer(ep, engine), media_type="text/event-stream")
-    task = asyncio.gather(
-        *(engine.generate(job.prompt, job.params, top_logprobs=job.top) for job in ep.jobs)
-    )
-    if not await await_or_disconnect(request, task):  # its requests are aborted
-        return _error(OpenAIError("client disconnected", status=499))
-    try:
-        results = task.result()
-    except ValueError as exc:
-        return _error(OpenAIError(str(exc)))
+    results = await generate_jobs(request, engine, ep.jobs)
+    if isinstance(results, JSONResponse):
+        return results
     return JSONResponse(full_answer(ep, engine.tokenizer, results))
+
+
+async def generate_jobs(
+    request: Request, engine, jobs: list[Job]
+) -> list[GenerationResult] | JSONResponse:
+    """Every job's result, in order; the error answer if the client went away (its requests
+    are aborted) or the engine refused one."""
+    task = asyncio.gather(
+        *(engine.generate(job.prompt, job.params, top_logprobs=job.top) for job in jobs)
+    )
+    if not await await_or_disconnect(request, task):
+        return error_response(OpenAIError("client disconnected", status=499))
+    try:
+        return task.result()
+    except ValueError as exc:
+        return error_response(OpenAIError(str(exc)))
 
 
 def add_chat_route(app: FastAPI, engine) -> None:

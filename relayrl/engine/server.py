@@ -4,9 +4,10 @@ Endpoints: ``POST /generate``, ``POST /pause_generation``, ``POST /continue_gene
 ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``GET /weights_checksum``, the broadcast weight transport's
 ``POST /init_weights_update_group`` and ``POST /update_weights_from_distributed``
-(``relayrl.engine.transfer``; docs/cluster.md), and OpenAI-compatible ``/v1`` endpoints (models,
+(``relayrl.engine.transfer``; docs/cluster.md), OpenAI-compatible ``/v1`` endpoints (models,
 chat and text completions, streamed or not) with token ids, logprobs and versions
-(``relayrl.engine.chat``). Request and response shapes follow
+(``relayrl.engine.chat``), and vLLM's token-in, token-out ``POST /inference/v1/generate``
+(``relayrl.engine.tito``). Request and response shapes follow
 SGLang's native API (see docs/engine.md) plus ``meta_info.output_token_versions``. Bad input gets a 4xx answer whose
 ``error`` names the field (one bad request of a batch or of an engine step fails alone); a
 client that disconnects mid-request has its request aborted; bodies over 64 MiB and clients
@@ -41,6 +42,7 @@ from relayrl.engine.adapter import adapter_from_tensors
 from relayrl.engine.chat import add_chat_route
 from relayrl.engine.engine import Engine
 from relayrl.engine.limits import BodyLimitMiddleware, DeadlineH11Protocol, await_or_disconnect
+from relayrl.engine.tito import add_tito_route
 from relayrl.engine.transfer import BACKENDS, TransferGroup, dtype_from_name, join_in_own_thread
 from relayrl.engine.types import GenerationResult, PauseMode, SamplingParams
 from relayrl.errors import RelayError
@@ -589,6 +591,7 @@ def create_app(
         }
 
     add_chat_route(app, engine)  # OpenAI-compatible /v1/models, chat and text completions
+    add_tito_route(app, engine)  # vLLM's token-in, token-out /inference/v1/generate
     return app
 
 

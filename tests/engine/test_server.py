@@ -134,6 +134,7 @@ READING = [
     ("POST", "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("POST", "/inference/v1/generate", {"token_ids": [5, 6], "sampling_params": {"max_tokens": 2}}),
     ("GET", "/v1/models", None),
     ("GET", "/get_model_info", None),
     ("GET", "/get_server_info", None),
