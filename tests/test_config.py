@@ -117,3 +117,25 @@ def test_config_reference_doc_is_current():
     assert doc.read_text() == config_reference(), (
         "docs/config.md is stale: run `relayrl config --reference > docs/config.md`"
     )
+
+
+def test_a_loss_parameter_is_a_key_of_the_selected_loss(tmp_path):
+    """``algo.cispo_cap`` (declared by CISPOLoss.Params) is validated, printed with the
+    selected loss and reaches the trainer's loss; under another loss it is dropped at its
+    default (a config saved before, listing every parameter, still loads) and an error at
+    any other value."""
+    from relayrl.train.options import loss_config_from
+
+    config = load_config(None, ["algo.loss=cispo", "algo.cispo_cap=2"])
+    assert config.model_dump()["algo"]["cispo_cap"] == 2.0
+    assert loss_config_from(config.algo).objective.params.cispo_cap == 2.0
+    assert "algo.cispo_cap" in valid_keys() and "algo.gspo_eps_high" in valid_keys()
+    saved = tmp_path / "saved.yaml"
+    saved.write_text("algo:\n  loss: decoupled\n  cispo_cap: 5.0\n  gspo_eps_low: 0.0003\n")
+    assert "cispo_cap" not in load_config(saved).model_dump()["algo"]
+    with pytest.raises(RelayError, match=r"algo.cispo_cap=2 is a parameter of the loss 'cispo'"):
+        load_config(None, ["algo.loss=gspo", "algo.cispo_cap=2"])
+    with pytest.raises(RelayError, match=r"algo.cispo_cap = 0 is invalid: .*greater than 0"):
+        load_config(None, ["algo.loss=cispo", "algo.cispo_cap=0"])
+    with pytest.raises(RelayError, match=r"unknown config key 'algo.cispo_capp'.*'algo.cispo_cap'"):
+        load_config(None, ["algo.loss=cispo", "algo.cispo_capp=2"])

@@ -1,19 +1,21 @@
 """Outcome advantages from group rewards, and DAPO's reward shaping helpers.
 
 Owns: the advantage-estimator seam (:class:`AdvantageEstimator`, :data:`ADVANTAGES`,
-:func:`register_advantage`; built in: GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline and
-REINFORCE++), ``compute_advantages``, ``compute_token_advantages``, on-policy
-distillation's per-token advantage (``distill_token_advantages``), the DAPO soft overlong
-penalty and the DAPO dynamic-sampling test. Everything here works on plain Python floats: a
-group is the list of rewards of the completions of one prompt, and an advantage is one
-number per completion (the trainer broadcasts it over the completion's tokens) or, for a
-``per_token`` estimator (REINFORCE++'s discounted returns), one number per completion token.
+:func:`register_advantage`, an estimator's own parameters a ``Params`` model on its class as
+for a loss; built in: GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline and REINFORCE++),
+``compute_advantages``, ``compute_token_advantages``, on-policy distillation's per-token
+advantage (``distill_token_advantages``), the DAPO soft overlong penalty and the DAPO
+dynamic-sampling test. Everything here works on plain Python floats: a group is the list
+of rewards of the completions of one prompt, and an advantage is one number per completion
+(the trainer broadcasts it over the completion's tokens) or, for a ``per_token`` estimator
+(REINFORCE++'s discounted returns), one number per completion token.
 
 Advantages are computed once per training batch, by the rollout controller as it hands the
 batch out, before any selection or replay, so dropping samples later never changes a group's
 statistics (see docs/architecture.md, "Trajectory").
 
-Imports: the standard library and relayrl.registry (torch is not needed for this arithmetic).
+Imports: the standard library, relayrl.registry and relayrl.algo.params (torch is not
+needed for this arithmetic).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar
 
+from relayrl.algo.params import Objective, ObjectiveParams
 from relayrl.registry import Registry
 
 
@@ -65,9 +68,12 @@ def _reinforce_pp_baseline(groups: Sequence[Sequence[float]], eps: float) -> lis
     return [[a / (s + eps) for a in g] for g in centred]
 
 
-class AdvantageEstimator:
+class AdvantageEstimator(Objective):
     """The seam for advantage estimators: subclass, set ``name``, implement ``compute``, add
     the class with :func:`register_advantage`; ``algo.advantage=<name>`` then selects it.
+    Its own parameters are a nested ``class Params(ObjectiveParams)``
+    (``relayrl.algo.params``): each field is the config key ``algo.<field>``, and
+    ``compute`` reads ``self.params``.
 
     ``compute`` sees the rewards of a whole training batch (one list per group) and returns
     one advantage per sample, same nesting; the rollout controller calls it once per batch,
@@ -205,26 +211,28 @@ for _builtin in (GRPO, DrGRPO, RLOO, ReinforcePPBaseline, ReinforcePP):
     register_advantage(_builtin)
 
 
-def advantage_estimator(name: str) -> AdvantageEstimator:
-    """An instance of the registered estimator ``name``; a ``ValueError`` lists the known."""
-    return ADVANTAGES.lookup(name)()
+def advantage_estimator(name: str, params: ObjectiveParams | None = None) -> AdvantageEstimator:
+    """An instance of the registered estimator ``name`` with its own ``params`` (None: the
+    defaults of its ``Params``); a ``ValueError`` lists the known names."""
+    return ADVANTAGES.lookup(name)(params)
 
 
 def compute_advantages(
     rewards_by_group: Sequence[Sequence[float]],
     method: str,
     eps: float = 1e-6,
+    params: ObjectiveParams | None = None,
 ) -> list[list[float]]:
     """Per-sample advantages, same nesting as ``rewards_by_group``, by the registered
     estimator ``method`` (built in: ``grpo``, ``drgrpo``, ``rloo``,
     ``reinforce_pp_baseline``; see each class; ``reinforce_pp`` is per token, see
-    ``compute_token_advantages``). Pass the whole step's groups: batch-level
-    estimators need them.
+    ``compute_token_advantages``) with its own ``params``. Pass the whole step's groups:
+    batch-level estimators need them.
 
     Standard deviations are unbiased (divide by n − 1, as ``torch.std`` in TRL and verl);
     a group of one sample gets advantage 0 under every built-in method.
     """
-    estimator = advantage_estimator(method)
+    estimator = advantage_estimator(method, params)
     if any(len(g) == 0 for g in rewards_by_group):
         raise ValueError("every group needs at least one reward")
     advantages = estimator.compute(rewards_by_group, eps)
@@ -239,15 +247,18 @@ def compute_token_advantages(
     method: str,
     eps: float = 1e-6,
     gamma: float = 1.0,
+    params: ObjectiveParams | None = None,
 ) -> list[list[list[float]]]:
     """Per-token advantages (one list per sample, one value per completion token, 0 where
-    the sample's mask is false) by the registered estimator ``method``; a per-sample
-    estimator's value is broadcast over the sample's masked tokens."""
+    the sample's mask is false) by the registered estimator ``method`` with its own
+    ``params``; a per-sample estimator's value is broadcast over the sample's masked
+    tokens."""
     if [len(m) for m in masks_by_group] != [len(g) for g in rewards_by_group]:
         raise ValueError("masks_by_group must have one mask per reward")
     if any(len(g) == 0 for g in rewards_by_group):
         raise ValueError("every group needs at least one reward")
-    out = advantage_estimator(method).compute_tokens(rewards_by_group, masks_by_group, eps, gamma)
+    estimator = advantage_estimator(method, params)
+    out = estimator.compute_tokens(rewards_by_group, masks_by_group, eps, gamma)
     shape = [[len(m) for m in ms] for ms in masks_by_group]
     if [[len(a) for a in g] for g in out] != shape:
         raise ValueError(f"advantage estimator {method!r} returned the wrong shape")

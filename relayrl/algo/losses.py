@@ -2,7 +2,8 @@
 importance correction (verl/TRL style), dual clip, KL to a reference policy.
 
 Owns: ``LossConfig``, the policy-loss seam (:class:`PolicyLoss`, :data:`LOSSES`,
-:func:`register_loss`: a new objective is one subclass plus one registry line, see
+:func:`register_loss`: a new objective is one subclass plus one registry line, its own
+parameters a ``Params`` model on the class (``relayrl.algo.params``), see
 docs/extending.md), ``policy_loss`` (the one loss entry point the trainer calls per
 micro-batch: validation, KL, coefficients, masking and statistics shared by every
 objective), ``loss_normalizer`` (the global normaliser for a whole training step), the KL
@@ -21,18 +22,21 @@ accumulating gradients therefore gives exactly the gradient of the whole step, h
 step was split. Masked-out importance weights (``is_mode="mask"``) zero a token's loss but do
 not change the normaliser, for the same reason.
 
-Imports: torch, relayrl.registry, relayrl.metric_names.
+Imports: torch, relayrl.registry, relayrl.metric_names, relayrl.algo.params.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
+from relayrl.algo.params import Objective, ObjectiveParams, validate_params
 from relayrl.metric_names import (
     BEHAV_KL,
     BEHAV_PROX_KL,
@@ -56,7 +60,7 @@ def _check_choice(name: str, value: str, literal: object) -> None:
         raise ValueError(f"LossConfig.{name}={value!r}; expected one of {allowed}")
 
 
-@dataclass
+@dataclass(init=False)
 class LossConfig:
     """Knobs of the policy loss.
 
@@ -78,9 +82,11 @@ class LossConfig:
       (total completion tokens in the step), ``"seq_sum"`` (Dr.GRPO: sequences × max_len)
       or ``"seq_mean_token_mean"`` (each sequence's token mean, averaged over the step's
       sequences: TRL's ``loss_type="grpo"``, verl's ``seq-mean-token-mean``).
-    - ``gspo_eps_low`` / ``gspo_eps_high``: the clip range of the ``"gspo"`` sequence ratio
-      (the GSPO paper's 3e-4 / 4e-4: a length-normalised ratio moves far less than a token's).
-    - ``cispo_cap``: the upper bound of the ``"cispo"`` importance weight (no lower bound).
+    - ``params``: the selected objective's own parameters (its ``Params``: ``gspo_eps_low``
+      / ``gspo_eps_high`` of ``"gspo"``, ``cispo_cap`` of ``"cispo"``, a plugin's), given as
+      keyword arguments like the knobs above (or as ``params=``, one ``Params`` instance)
+      and read as attributes too (``cfg.cispo_cap``). A parameter the selected objective
+      does not declare is an error.
     """
 
     loss: str = "decoupled"
@@ -94,14 +100,36 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = "token_mean"
-    gspo_eps_low: float = 3e-4
-    gspo_eps_high: float = 4e-4
-    cispo_cap: float = 5.0
+    params: ObjectiveParams = field(default_factory=ObjectiveParams)
     # the registered objective ``loss`` names, resolved once here (not per micro-batch)
     objective: PolicyLoss = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        self.objective = loss_class(self.loss)()  # raises on an unknown name
+    def __init__(self, *, params: ObjectiveParams | None = None, **settings: Any) -> None:
+        """The shared knobs by name (unset: the defaults above); every other keyword is a
+        parameter of the objective ``loss`` names, validated by its ``Params`` (over
+        ``params``, when given: ``dataclasses.replace`` passes it)."""
+        for knob in self.shared_knobs():
+            setattr(self, knob.name, settings.pop(knob.name, knob.default))
+        cls = loss_class(self.loss)  # raises on an unknown name
+        given = params.model_dump(exclude_unset=True) if params is not None else {}
+        self.params = validate_params(cls.Params, {**given, **settings}, f"loss {self.loss!r}")
+        self.objective = cls(self.params)
+        self._check()
+
+    @classmethod
+    def shared_knobs(cls) -> list[dataclasses.Field]:
+        """The knobs every objective reads (``loss``, ``eps_*``, ``is_*``, ``kl_*``,
+        ``aggregation``, ``dual_clip``): this class's fields but ``params`` and ``objective``."""
+        return [f for f in dataclasses.fields(cls) if f.name not in ("params", "objective")]
+
+    def __getattr__(self, name: str) -> Any:
+        """An objective's own parameter reads as an attribute: ``cfg.cispo_cap``."""
+        params = self.__dict__.get("params")
+        if params is not None and name in type(params).model_fields:
+            return getattr(params, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _check(self) -> None:
         _check_choice("is_level", self.is_level, ISLevel)
         _check_choice("is_mode", self.is_mode, ISMode)
         _check_choice("kl_estimator", self.kl_estimator, KLEstimator)
@@ -117,10 +145,6 @@ class LossConfig:
             )
         if self.is_cap <= 0.0:
             raise ValueError("is_cap must be > 0")
-        if not (0.0 <= self.gspo_eps_low < 1.0 and self.gspo_eps_high >= 0.0):
-            raise ValueError("need 0 <= gspo_eps_low < 1 and gspo_eps_high >= 0")
-        if self.cispo_cap <= 0.0:
-            raise ValueError("cispo_cap must be > 0")
         if self.kl_coef < 0.0:
             raise ValueError("kl_coef must be >= 0")
 
@@ -416,9 +440,11 @@ class TokenLoss:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-class PolicyLoss:
+class PolicyLoss(Objective):
     """The seam for policy objectives: subclass, set ``name``, implement ``token_loss``, and
-    add the class with :func:`register_loss`; ``algo.loss=<name>`` then selects it.
+    add the class with :func:`register_loss`; ``algo.loss=<name>`` then selects it. Its own
+    hyperparameters are a nested ``class Params(ObjectiveParams)`` (``relayrl.algo.params``):
+    each field is the config key ``algo.<field>``, and ``token_loss`` reads ``self.params``.
 
     ``needs_prox``: the trainer runs the no-grad proximal pass and passes ``prox``.
     ``uses_behaviour_weight``: the objective weights tokens by ``π_prox/μ`` and so accepts
@@ -497,7 +523,7 @@ class RecomputeLoss(PolicyLoss):
 
 class GSPOLoss(PolicyLoss):
     """GSPO (Qwen3's recipe) in its GSPO-token form, decoupled like ``"decoupled"``:
-    ``ℓ_t = −w_t · min(s_t·A_t, clip(s_t)·A_t)`` with the clip range ``gspo_eps_*`` and
+    ``ℓ_t = −w_t · min(s_t·A_t, clip(s_t)·A_t)`` with the clip range ``Params.gspo_eps_*`` and
 
         s_t = sg(s_i) · π_θ(y_t) / sg(π_θ(y_t)),   s_i = exp(mean_{t∈i} log(π_θ/π_prox)),
 
@@ -512,6 +538,20 @@ class GSPOLoss(PolicyLoss):
     uses_behaviour_weight = True
     needs_seq = True
 
+    class Params(ObjectiveParams):
+        gspo_eps_low: float = Field(
+            3e-4,
+            ge=0,
+            lt=1,
+            description="lower clip range of gspo's sequence ratio (the GSPO paper's: a "
+            "length-normalised ratio moves far less than a token's)",
+        )
+        gspo_eps_high: float = Field(
+            4e-4, ge=0, description="upper clip range of gspo's sequence ratio (the GSPO paper's)"
+        )
+
+    params: Params
+
     def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
         assert inputs.prox is not None and inputs.seq is not None
         m, seq, logp = inputs.mask, inputs.seq, inputs.logprobs
@@ -519,7 +559,7 @@ class GSPOLoss(PolicyLoss):
         log_s = per_sequence_sum((logp.detach() - inputs.prox) * m, seq) / count
         ratio = torch.exp(log_s[seq] + logp - logp.detach())
         weight, stats = _weight_and_stats(inputs, cfg)
-        eps = (cfg.gspo_eps_low, cfg.gspo_eps_high)
+        eps = (self.params.gspo_eps_low, self.params.gspo_eps_high)
         pg, clip_hit, dual_hit = _clipped_loss(ratio, inputs.advantages, cfg, eps)
         return TokenLoss(weight * pg, ratio, clip_hit, dual_hit, anchor=inputs.prox, stats=stats)
 
@@ -532,11 +572,19 @@ class CISPOLoss(PolicyLoss):
 
     name = "cispo"
 
+    class Params(ObjectiveParams):
+        cispo_cap: float = Field(
+            5.0, gt=0, description="upper bound C of cispo's importance weight (no lower bound)"
+        )
+
+    params: Params
+
     def token_loss(self, inputs: TokenInputs, cfg: LossConfig) -> TokenLoss:
+        cap = self.params.cispo_cap
         logp = inputs.logprobs
         ratio = torch.exp(logp.detach() - inputs.behav)
-        loss = -ratio.clamp(max=cfg.cispo_cap) * inputs.advantages * logp
-        clip_hit = ratio > cfg.cispo_cap
+        loss = -ratio.clamp(max=cap) * inputs.advantages * logp
+        clip_hit = ratio > cap
         return TokenLoss(loss, ratio, clip_hit, torch.zeros_like(clip_hit), anchor=logp.detach())
 
 

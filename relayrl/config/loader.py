@@ -3,6 +3,8 @@
 Errors name the file (and line), the key, the value and what was expected; unknown keys get
 the nearest valid key as a suggestion. YAML anchors and aliases are refused (a few hundred
 bytes of aliases expand to 10^9 nodes), and so is a file over 1 MiB: :class:`ConfigLoader`.
+The plugins a config names are imported before its keys are checked: a plugin's loss or
+advantage declares ``algo`` keys.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from relayrl.config.schema import RunConfig
+from relayrl.config.schema import RunConfig, Section
 from relayrl.errors import RelayError
 from relayrl.models.gguf import is_gguf_spec, resolve_model_path
+from relayrl.plugins import load_plugins
 
 
 def _section_class(annotation: Any) -> type[BaseModel] | None:
@@ -32,10 +36,18 @@ def _is_free_mapping(annotation: Any) -> bool:
     return annotation is dict or typing.get_origin(annotation) is dict
 
 
+def section_fields(schema: type[BaseModel]) -> dict[str, FieldInfo]:
+    """The keys ``schema`` accepts: a section's :meth:`Section.accepted_fields` (its fields;
+    for ``algo``, with the keys the registered objectives declare), else the model's fields."""
+    if issubclass(schema, Section):
+        return schema.accepted_fields()
+    return dict(schema.model_fields)
+
+
 def valid_keys(schema: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
     """Every dotted key the schema accepts (sections and leaves)."""
     keys = []
-    for name, field in schema.model_fields.items():
+    for name, field in section_fields(schema).items():
         dotted = f"{prefix}{name}"
         keys.append(dotted)
         section = _section_class(field.annotation)
@@ -59,7 +71,7 @@ def _suggest(key: str) -> str:
 def _check_keys(data: dict, schema: type[BaseModel], prefix: str, where) -> None:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        field = schema.model_fields.get(key) if isinstance(key, str) else None
+        field = section_fields(schema).get(key) if isinstance(key, str) else None
         if field is None:
             raise RelayError(f"{where(dotted)}unknown config key '{dotted}'{_suggest(dotted)}")
         section = _section_class(field.annotation)
@@ -233,7 +245,7 @@ def _part_annotation(annotation: Any, part: str) -> Any:
     if _is_list(annotation):
         return typing.get_args(annotation)[0]
     model = _model_of(annotation)
-    field = model.model_fields.get(part) if model is not None else None
+    field = section_fields(model).get(part) if model is not None else None
     return field.annotation if field is not None else None
 
 
@@ -302,9 +314,10 @@ def _field_annotation(loc: tuple) -> Any:
     schema: type[BaseModel] | None = RunConfig
     annotation = None
     for part in loc:
-        if schema is None or not isinstance(part, str) or part not in schema.model_fields:
+        fields = section_fields(schema) if schema is not None else {}
+        if not isinstance(part, str) or part not in fields:
             break
-        annotation = schema.model_fields[part].annotation
+        annotation = fields[part].annotation
         schema = _section_class(annotation)
     return annotation
 
@@ -352,9 +365,10 @@ def load_config(
             return f"{path}:{line}: " if line else f"{path}: "
         return ""
 
+    parsed = [parse_override(text) for text in overrides or []]
+    _import_plugins_first(data, parsed, plugins)
     _check_keys(data, RunConfig, "", where)
-    for text in overrides or []:
-        key, value = parse_override(text)
+    for key, value in parsed:
         override_keys.add(key)
         _check_keys(_nest(key, value), RunConfig, "", lambda _, k=key: f"override '{k}': ")
         _apply_override(data, key, value)
@@ -370,6 +384,19 @@ def load_config(
         key = f"{where('model.path')}model.path"
         config.model.path = resolve_model_path(config.model.path, key=key)
     return config
+
+
+def _import_plugins_first(
+    data: dict, overrides: list[tuple[str, Any]], plugins: list[str] | None
+) -> None:
+    """Import the plugins the file, a ``plugins=[...]`` override and ``--plugin`` name
+    before any key is checked: a plugin's loss or advantage declares ``algo`` keys
+    (relayrl.config.objectives). A list that is not one of names is left to validation."""
+    named = [data.get("plugins"), *(v for k, v in overrides if k == "plugins"), plugins]
+    lists = [group for group in named if isinstance(group, list)]
+    specs = [spec for group in lists for spec in group]
+    if specs and all(isinstance(spec, str) for spec in specs):
+        load_plugins(specs)
 
 
 def _nest(key: str, value: Any) -> dict:

@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel
 
-from relayrl.config.loader import _describe, _section_class
+from relayrl.config.loader import _describe, _section_class, section_fields
 from relayrl.config.schema import RunConfig
 
 HEADER = """# Config reference
@@ -30,7 +30,7 @@ def _default(field) -> str:
 
 def _rows(schema: type[BaseModel], prefix: str) -> tuple[list[str], list[tuple[str, type]]]:
     rows, sections = [], []
-    for name, field in schema.model_fields.items():
+    for name, field in section_fields(schema).items():
         section = _section_class(field.annotation)
         if section is not None:
             sections.append((f"{prefix}{name}", section))
@@ -48,7 +48,7 @@ def config_reference() -> str:
         prefix, schema = pending.pop(0)
         rows, sections = _rows(schema, f"{prefix}." if prefix else "")
         title = f"`{prefix}`" if prefix else "top level"
-        doc = (schema.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = " ".join((schema.__doc__ or "").strip().split("\n\n")[0].split())
         out.append(f"\n## {title}\n")
         if doc and prefix:
             out.append(f"{doc}\n")

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from relayrl.algo.advantages import advantage_estimator
 from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, LossConfig, loss_class
+from relayrl.algo.params import ObjectiveParams, validate_params
+from relayrl.config.objectives import SEAMS, objective_keys, selected_params
 from relayrl.engine.types import EngineOptions
 from relayrl.plugins import load_plugins
 from relayrl.registry import (
@@ -37,6 +40,12 @@ LOSS, CONTROLLER, ENGINE = LossConfig, ControllerOptions, EngineOptions
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @classmethod
+    def accepted_fields(cls) -> dict[str, FieldInfo]:
+        """Every key the section accepts, as the loader checks and the reference lists them:
+        its fields (``AlgoConfig`` adds the keys the registered objectives declare)."""
+        return dict(cls.model_fields)
 
 
 class TaskConfig(Section):
@@ -480,6 +489,14 @@ class RolloutConfig(Section):
 
 
 class AlgoConfig(Section):
+    """The objective: advantages, policy loss, reward shaping. The selected loss's and
+    advantage's own parameters are keys of this section too, declared by their classes
+    (relayrl.config.objectives; the rows marked "loss=NAME only"): a parameter of an
+    objective that is not selected is accepted at its default and dropped, and is an error
+    at any other value (it would change nothing); `relayrl config` shows the selected ones."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     advantage: str = Field(
         CONTROLLER.advantage,
         description="advantage estimator, a name registered in relayrl.algo.advantages."
@@ -492,21 +509,14 @@ class AlgoConfig(Section):
         "π_θ/μ (sync PPO at η=0, naive async above); decoupled = AReaL's w·min(u·A, clip(u)·A) "
         "with u = π_θ/π_prox, w = π_prox/μ; recompute = AReaL's non-decoupled baseline "
         "min(u·A, clip(u)·A) (π_prox replaces μ, no w); gspo = decoupled with GSPO's sequence "
-        "ratio exp(mean log π_θ/π_prox) (clip range gspo_eps_*); cispo = MiniMax-M1's "
-        "−sg(min(π_θ/μ, cispo_cap))·A·log π_θ; or your own (docs/extending.md)",
+        "ratio exp(mean log π_θ/π_prox) (clip range algo.gspo_eps_*); cispo = MiniMax-M1's "
+        "−sg(min(π_θ/μ, algo.cispo_cap))·A·log π_θ; or your own (docs/extending.md)",
     )
     gamma: float = Field(
         CONTROLLER.gamma,
         ge=0,
         le=1,
         description="discount of the per-token returns (advantage=reinforce_pp)",
-    )
-    gspo_eps_low: float = Field(
-        LOSS.gspo_eps_low, ge=0, lt=1, description="lower clip range of gspo"
-    )
-    gspo_eps_high: float = Field(LOSS.gspo_eps_high, ge=0, description="upper clip range of gspo")
-    cispo_cap: float = Field(
-        LOSS.cispo_cap, gt=0, description="upper bound of the cispo importance weight"
     )
     eps_low: float = Field(LOSS.eps_low, ge=0, lt=1, description="lower clip range")
     eps_high: float = Field(
@@ -554,6 +564,33 @@ class AlgoConfig(Section):
         "(null: no cap; 2 keeps the demo's accuracy and generates less than 4 once it is "
         "nearly solved: docs/demo.md)",
     )
+
+    @classmethod
+    def accepted_fields(cls) -> dict[str, FieldInfo]:
+        keys = objective_keys(cls.model_fields)
+        return {**cls.model_fields, **{k: key.reference_field() for k, key in keys.items()}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_params(cls, data: Any) -> Any:
+        """The keys that are no field of this section are the selected objectives'
+        parameters: validated by their ``Params`` and kept, with the unset ones' defaults
+        (relayrl.config.objectives)."""
+        if not isinstance(data, dict):
+            return data
+        shared = {k: v for k, v in data.items() if k in cls.model_fields}
+        own = {k: v for k, v in data.items() if k not in cls.model_fields}
+        selected = {seam: shared.get(seam, cls.model_fields[seam].default) for seam in SEAMS}
+        params = selected_params(own, selected, cls.model_fields)
+        return {**shared, **{k: v for p in params.values() for k, v in p.model_dump().items()}}
+
+    def params_of(self, seam: str) -> ObjectiveParams:
+        """The validated ``Params`` of the objective ``algo.<seam>`` selects (``seam``:
+        ``"loss"`` or ``"advantage"``), what the trainer and the controller hand it."""
+        name = getattr(self, seam)
+        params_class = SEAMS[seam].lookup(name).Params
+        own = {k: v for k, v in (self.model_extra or {}).items() if k in params_class.model_fields}
+        return validate_params(params_class, own, f"the {seam} {name!r}", "algo.")
 
     @field_validator("loss")
     @classmethod

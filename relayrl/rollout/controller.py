@@ -53,6 +53,7 @@ from relayrl.algo.advantages import (
     dynamic_sampling_keep,
     overlong_penalty,
 )
+from relayrl.algo.params import ObjectiveParams
 from relayrl.engine.client import RolloutServerError
 from relayrl.engine.types import SamplingParams
 from relayrl.errors import RelayError
@@ -91,21 +92,26 @@ def admission_capacity(published_version: int, eta: int, prompts_per_step: int) 
 
 
 def assign_advantages(
-    groups: Sequence[Sequence[Trajectory]], method: str, gamma: float = 1.0
+    groups: Sequence[Sequence[Trajectory]],
+    method: str,
+    gamma: float = 1.0,
+    params: ObjectiveParams | None = None,
 ) -> None:
     """Set every sample's ``advantage`` from the groups' rewards: the one place advantages
-    are computed (``relayrl.algo.advantages``), over the whole training batch. A per-token
-    estimator sets ``token_advantages`` too (``advantage``: their mean over model tokens)."""
+    are computed (``relayrl.algo.advantages``, the estimator ``method`` with its own
+    ``params``), over the whole training batch. A per-token estimator sets
+    ``token_advantages`` too (``advantage``: their mean over model tokens)."""
     rewards = [[t.reward for t in g] for g in groups]
     if advantage_estimator(method).per_token:
         masks = [[t.model_mask for t in g] for g in groups]
-        per_token = compute_token_advantages(rewards, masks, method, gamma=gamma)
+        per_token = compute_token_advantages(rewards, masks, method, gamma=gamma, params=params)
         for group, advantages in zip(groups, per_token, strict=True):
             for traj, adv in zip(group, advantages, strict=True):
                 traj.token_advantages = adv
                 traj.advantage = sum(adv) / max(traj.num_model_tokens, 1)
         return
-    for group, advantages in zip(groups, compute_advantages(rewards, method), strict=True):
+    per_sample = compute_advantages(rewards, method, params=params)
+    for group, advantages in zip(groups, per_sample, strict=True):
         for traj, adv in zip(group, advantages, strict=True):
             traj.advantage = adv
 
@@ -133,6 +139,7 @@ class ControllerOptions:
     concurrency: int = 0
     max_context: int | None = None
     advantage: str = "grpo"
+    advantage_params: ObjectiveParams | None = None  # the estimator's own (None: its defaults)
     gamma: float = 1.0
     distill: bool = False  # on-policy distillation: the controller is given a teacher
     distill_coef: float = 1.0
@@ -509,7 +516,12 @@ class RolloutController:
         """Hand out the B complete groups at the head, advantages computed over them."""
         batch = [self._pending.popleft() for _ in range(self.opt.prompts_per_step)]
         self._record_batch(batch)
-        assign_advantages([g.trajectories for g in batch], self.opt.advantage, self.opt.gamma)
+        assign_advantages(
+            [g.trajectories for g in batch],
+            self.opt.advantage,
+            self.opt.gamma,
+            self.opt.advantage_params,
+        )
         if self._teacher is not None:
             apply_distillation(
                 [g.trajectories for g in batch],

@@ -24,23 +24,11 @@ Schedule = Literal["constant", "cosine", "linear"]
 
 
 def loss_config_from(algo: AlgoConfig) -> LossConfig:
-    """``LossConfig`` from the ``algo`` config section (same field names)."""
-    return LossConfig(
-        loss=algo.loss,
-        eps_low=algo.eps_low,
-        eps_high=algo.eps_high,
-        dual_clip=algo.dual_clip,
-        is_level=algo.is_level,
-        is_mode=algo.is_mode,
-        is_cap=algo.is_cap,
-        is_floor=algo.is_floor,
-        kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator,
-        aggregation=algo.aggregation,
-        gspo_eps_low=algo.gspo_eps_low,
-        gspo_eps_high=algo.gspo_eps_high,
-        cispo_cap=algo.cispo_cap,
-    )
+    """``LossConfig`` from the ``algo`` config section: its shared knobs by name, and the
+    selected loss's own parameters (``algo.params_of("loss")``), so a loss's new parameter
+    needs no line here."""
+    shared = {knob.name: getattr(algo, knob.name) for knob in LossConfig.shared_knobs()}
+    return LossConfig(**shared, params=algo.params_of("loss"))
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,8 @@ def check_step(ctx: CheckContext) -> str:
     results = ctx.pool.grade_batch([(ctx.problems[0], text) for text in texts])
     for traj, result in zip(ctx.group, results, strict=True):
         traj.reward, traj.reward_status = result.reward, result.status
-    assign_advantages([ctx.group], config.algo.advantage, config.algo.gamma)
+    algo = config.algo
+    assign_advantages([ctx.group], algo.advantage, algo.gamma, algo.params_of("advantage"))
     before = _rss_bytes(os.getpid())
     start = time.monotonic()
     ctx.trainer.train_step([ctx.group])

@@ -50,6 +50,7 @@ def controller_options(config: RunConfig) -> ControllerOptions:
         concurrency=auto_concurrency(r.concurrency, r.prompts_per_step, r.n_samples),
         max_context=config.model.max_context,
         advantage=a.advantage,
+        advantage_params=a.params_of("advantage"),
         gamma=a.gamma,
         distill=config.distill.enabled,
         distill_coef=config.distill.coef,
