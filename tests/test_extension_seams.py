@@ -14,10 +14,13 @@ from types import ModuleType
 
 import pytest
 import torch
+from pydantic import create_model
 
 from relayrl.algo.advantages import ADVANTAGES
 from relayrl.algo.losses import LOSSES, LossConfig, PolicyLoss, policy_loss, register_loss
+from relayrl.algo.params import ObjectiveParams
 from relayrl.config.loader import load_config
+from relayrl.config.reference import config_reference
 from relayrl.errors import RelayError
 from relayrl.rewards.dispatch import GRADERS, grade_detail
 from relayrl.rollout.controller import ControllerOptions, assign_advantages
@@ -25,6 +28,8 @@ from relayrl.rollout.eta import StalenessBound
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.rollout.workflow import WORKFLOWS
 from relayrl.tasks.registry import TASKS, make_task
+from relayrl.train.options import TrainerOptions
+from relayrl.train.run.rollout import controller_options
 from tests.buffer.test_replay_training import make_trainer, params, synthetic_groups
 from tests.rollout.test_controller import FakeReward, FakeServers, make_controller, one_batch
 
@@ -73,6 +78,39 @@ def test_a_registered_loss_is_a_config_value_and_gets_its_gradient(doc):
     # d/dlogp of Σ −A·logp / 4 over the two masked tokens; the padded one gets nothing
     assert torch.equal(logp.grad, torch.tensor([[-0.5, -0.5, 0.0]]))
     assert out.loss.item() == pytest.approx(-(2.0 * -1.0 + 2.0 * -2.0) / 4.0)
+
+
+def test_a_plugin_loss_parameter_is_an_algo_key_that_reaches_the_loss(doc):
+    """``VanillaPG.Params`` makes ``algo.vanilla_pg_baseline``: listed by the reference,
+    shown by the resolved config, and the b the trainer's loss subtracts from A."""
+    assert "| `algo.vanilla_pg_baseline` | float | `0.0` | (loss=vanilla_pg only) b," in (
+        config_reference()
+    )
+    config = load_config(None, ["algo.loss=vanilla_pg", "algo.vanilla_pg_baseline=1.5"])
+    assert config.model_dump()["algo"]["vanilla_pg_baseline"] == 1.5
+    cfg = TrainerOptions.from_config(config).loss
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    adv, mask = torch.tensor([[2.0, 2.0, 2.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    policy_loss(logp, logp.detach(), adv, mask, cfg, 4.0).loss.backward()
+    assert torch.equal(logp.grad, torch.tensor([[-0.125, -0.125, 0.0]]))  # −(2 − 1.5)/4
+    with pytest.raises(RelayError, match="vanilla_pg_baseline=1.5 is a parameter of the loss"):
+        load_config(None, ["algo.vanilla_pg_baseline=1.5"])  # algo.loss=decoupled
+    with pytest.raises(RelayError, match="did you mean 'algo.vanilla_pg_baseline'"):
+        load_config(None, ["algo.loss=vanilla_pg", "algo.vanilla_pg_baselin=1"])
+
+
+def test_a_plugin_advantage_parameter_reaches_the_controller(doc):
+    config = load_config(None, ["algo.advantage=sign", "algo.sign_margin=0.5"])
+    options = controller_options(config)
+    groups = [
+        [Trajectory("p", "g0", j, [1], [2], [-0.1], [0], 0, reward=r) for j, r in enumerate(rs)]
+        for rs in ([1.0, 0.0, 0.0], [0.9, 0.0])
+    ]
+    assign_advantages(groups, options.advantage, options.gamma, options.advantage_params)
+    # means 1/3 and 0.45: only the reward 1.0 is more than the margin 0.5 away
+    assert [[t.advantage for t in g] for g in groups] == [[1.0, 0.0, 0.0], [0.0, 0.0]]
+    with pytest.raises(RelayError, match=r"algo.sign_margin = -1 is invalid"):
+        load_config(None, ["algo.advantage=sign", "algo.sign_margin=-1"])
 
 
 def test_the_trainer_runs_a_registered_loss_without_a_proximal_pass(doc, tiny_model_dir):
@@ -168,3 +206,18 @@ def test_a_registered_workflow_runs_under_the_controller(doc):
     assert set(seen) == {0.0, 0.7}
     for group in batch:
         assert sum(t.advantage for t in group.trajectories) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("taken", ["cispo_cap", "eps_low"])
+def test_a_parameter_name_two_objectives_declare_is_refused(taken):
+    """Every objective's parameters share the ``algo`` section: a plugin's parameter named
+    like another loss's (``cispo_cap``) or a shared key (``eps_low``) fails at load."""
+    saved = dict(LOSSES)
+    params = create_model("Params", __base__=ObjectiveParams, **{taken: (float, 1.0)})
+    register_loss(type("Clashing", (PolicyLoss,), {"name": "clashing", "Params": params}))
+    try:
+        with pytest.raises(RelayError, match=f"loss 'clashing' declares the parameter '{taken}'"):
+            load_config(None, [])
+    finally:
+        LOSSES.clear()
+        LOSSES.update(saved)

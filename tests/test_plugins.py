@@ -128,6 +128,52 @@ def test_task_name_is_checked_at_load_with_the_plugins_names(tmp_path, clean_env
         load_config(None, ["task.name=parit"])
 
 
+PARAM_LOSS = textwrap.dedent(
+    """
+    from pydantic import Field
+
+    from relayrl.algo.losses import PPOLoss, register_loss
+    from relayrl.algo.params import ObjectiveParams
+
+
+    @register_loss
+    class ScaledPPO(PPOLoss):
+        # PPO with a parameter of its own, declared only here
+        name = "scaled_ppo"
+
+        class Params(ObjectiveParams):
+            scaled_ppo_scale: float = Field(1.0, gt=0, description="a parameter of its own")
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["flag", "override", "file"])
+def test_a_plugins_loss_parameter_is_a_key_before_the_plugin_is_imported(tmp_path, how, clean_env):
+    """The key a plugin's loss declares (``algo.scaled_ppo_scale``) is checked only once the
+    plugin is imported: the loader imports the plugins a config names before its keys."""
+    from relayrl.algo.losses import LOSSES
+
+    module = tmp_path / f"i46_scaled_ppo_{how}.py"  # --plugin, plugins=[...], plugins: [...]
+    module.write_text(PARAM_LOSS)
+    keys = ["algo.loss=scaled_ppo", "algo.scaled_ppo_scale=2"]
+    saved = dict(LOSSES)
+    try:
+        if how == "flag":
+            config = load_config(None, keys, plugins=[str(module)])
+        elif how == "override":
+            config = load_config(None, [f"plugins=[{module}]", *keys])
+        else:
+            path = tmp_path / "run.yaml"
+            path.write_text(
+                f"plugins: [{module}]\nalgo: {{loss: scaled_ppo, scaled_ppo_scale: 2}}\n"
+            )
+            config = load_config(path)
+        assert config.algo.params_of("loss").scaled_ppo_scale == 2.0
+    finally:
+        LOSSES.clear()
+        LOSSES.update(saved)
+
+
 def test_a_task_whose_grader_nobody_registered_fails_at_load(tmp_path, clean_env):
     module = tmp_path / "i31_no_grader.py"
     module.write_text(
