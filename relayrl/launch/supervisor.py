@@ -14,7 +14,10 @@ How failures are noticed:
 
 * **connection errors**: :meth:`recover` is the :class:`RolloutClient`'s ``recover``
   callback; a request that cannot reach its server awaits it and is resubmitted to the URL
-  it returns;
+  it returns: the same one only if the server there still proves that it holds the
+  client's key (``relayrl.launch.servers.health_state``, the check every server passes at
+  its start), else a replacement (a server someone else started cannot be replaced: the run
+  stops naming it);
 * **exit**: :meth:`watch` polls the server processes;
 * **hang**: :meth:`watch` also probes ``GET /health``; a live process that has not answered for
   ``rollout.server_hang_timeout_s`` is killed and restarted (its connections then break and
@@ -57,7 +60,8 @@ from typing import Any, Protocol
 
 from relayrl.engine.client import RolloutServerError
 from relayrl.errors import RelayError
-from relayrl.launch.servers import healthy
+from relayrl.launch.servers import UNPROVEN, health_state, healthy
+from relayrl.launch.servers import UP as PROVEN
 
 WATCH_INTERVAL_S = 0.5
 HEALTH_EVERY_S = 2.0
@@ -114,6 +118,8 @@ class SupervisedClient(Protocol):
     recover: Callable[[str], Awaitable[str]] | None  # set by the supervisor
 
     urls: list[str]
+
+    api_key: str | None  # what a server must prove it holds before requests go back to it
 
     async def update_weights(
         self,
@@ -251,19 +257,33 @@ class ServerSupervisor:
 
     async def restart_unreachable(self, url: str, what: str) -> str:
         """Where requests for ``url``, found unreachable, go now: the same server after a
-        transient error, else its replacement (restarted because it ``what``). Call with
-        :attr:`lock` held."""
+        transient error (it is up and proves that it holds the key), else its replacement
+        (restarted because it ``what``). Call with :attr:`lock` held."""
         current = self._current(url)
         if current != url:
             return current  # already restarted by someone else
         i = self.launcher.index_of(url)
         code = self.launcher.exit_code(i)
-        if code is None and await asyncio.to_thread(healthy, url, self.probe_timeout_s):
+        state = await self._proven_state(url) if code is None else None
+        if state == PROVEN:
             return url  # a transient error: the caller retries the same server
         reason = self._killed.pop(url, None)
         if reason is None:
             reason = f"exited with code {code}" if code is not None else what
+        if state == UNPROVEN:
+            reason = (
+                "answered GET /health without proving that it holds the key: another process "
+                "may be listening on its port (the failed requests were not sent back to it)"
+            )
         return await self._restart(i, reason)
+
+    async def _proven_state(self, url: str) -> str:
+        """``url``'s :func:`~relayrl.launch.servers.health_state` for the client's key: a
+        server is sent the failed requests (and the key) again only when it proves it holds
+        the key, as at its start; a process that bound the port of a dead server someone
+        else started cannot."""
+        key = self.client.api_key
+        return await asyncio.to_thread(health_state, url, key, self.probe_timeout_s)
 
     async def _restart(self, i: int, reason: str) -> str:
         """Replace server ``i``; a replacement that fails to come up counts as a restart

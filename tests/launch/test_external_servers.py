@@ -25,9 +25,11 @@ import pytest
 
 from relayrl.cli import main
 from relayrl.config.loader import load_config
+from relayrl.engine.client import RolloutClient
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
-from relayrl.launch.servers import free_port
+from relayrl.launch.servers import ExternalServers, free_port
+from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.runkey import API_KEY_ENV, API_KEY_FILE_ENV, CHALLENGE_HEADER, PROOF_HEADER, new_key
 from tests.engine.test_serve_closed import CLI, wait_serving
 
@@ -241,3 +243,37 @@ def test_relayrl_eval_on_a_squatted_server_url_is_one_error_line(
     assert len(err) == 1 and err[0].startswith(
         f"error: --server-url[0]: {squatter.url} answered GET /health without proving"
     ), err
+
+
+async def recover_from(url: str, key: str) -> str:
+    """What the run does when a request to ``url`` (one of ``rollout.server_urls``) cannot
+    connect: ask the supervisor where to resubmit it."""
+    servers = ExternalServers([url], api_key=key)
+    async with RolloutClient(servers.urls, api_key=key) as client:
+        supervisor = ServerSupervisor(servers, client, max_restarts=0)  # as a run: none
+        return await supervisor.recover(url)  # the client's failover callback
+
+
+def test_a_squatter_on_the_port_of_a_server_that_died_mid_run_gets_no_request_back():
+    """The server at a URL proved the key at the start, then died, and another process
+    bound its port at once: before the requests that failed go back to that URL, it must
+    prove the key again. The squatter cannot; it receives that one GET /health and the run
+    stops naming the URL (a server someone else started cannot be replaced)."""
+    key = new_key()
+    squatter = Squatter(IMPOSTORS["a made-up proof"](None))
+    try:
+        with pytest.raises(RelayError) as stopped:
+            asyncio.run(recover_from(squatter.url, key))
+    finally:
+        squatter.close()
+    assert str(stopped.value).startswith(
+        f"rollout server 0 ({squatter.url}, external) answered GET /health without proving "
+        "that it holds the key"
+    )
+    assert squatter.authorizations() == []
+    assert [(r["method"], r["path"]) for r in squatter.requests] == [("GET", "/health")]
+
+
+def test_a_server_that_still_proves_the_key_gets_its_requests_back(real_server):
+    """A transient connection error on a server that holds the key: same URL, no restart."""
+    assert asyncio.run(recover_from(real_server.url, real_server.key)) == real_server.url

@@ -24,7 +24,8 @@ from relayrl.engine.vllm_client import VLLMClient
 from relayrl.errors import RelayError
 from relayrl.launch import supervisor as sup
 from relayrl.launch.ray_cluster import RayServerLauncher
-from relayrl.launch.servers import ExternalServers, ServerLauncher
+from relayrl.launch.servers import DOWN, UNPROVEN, ExternalServers, ServerLauncher
+from relayrl.launch.servers import UP as PROVEN
 from relayrl.launch.supervisor import (
     ServedWeights,
     ServerSupervisor,
@@ -87,6 +88,7 @@ class FakeClient:
     def __init__(self, launcher: FakeLauncher) -> None:
         self.launcher = launcher
         self.recover = None
+        self.api_key: str | None = None
         self.loaded: list[tuple[str, str, int]] = []
         self.replaced: list[tuple[str, str]] = []
         self.calls: list[str] = []
@@ -245,9 +247,19 @@ def test_the_supervisor_uses_nothing_of_the_servers_or_client_beyond_the_protoco
 
 
 # ---------------------------------------------------------------------------- the policy
+def health_from_fake_urls(monkeypatch) -> None:
+    """Only replacements (``-r`` URLs) answer ``/health``, with the proof of the key."""
+    monkeypatch.setattr(sup, "healthy", lambda url, timeout: "-r" in url)
+    monkeypatch.setattr(sup, "health_state", lambda url, key, timeout: proven("-r" in url))
+
+
+def proven(up: bool) -> str:
+    return PROVEN if up else DOWN
+
+
 @pytest.fixture(autouse=True)
 def health_from_fake(monkeypatch):
-    monkeypatch.setattr(sup, "healthy", lambda url, timeout: "-r" in url)
+    health_from_fake_urls(monkeypatch)
 
 
 def make(n: int = 2, max_restarts: int = 3):
@@ -306,9 +318,32 @@ def test_publication_modes_send_the_right_calls(mode, calls):
 
 def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
     launcher, client, s = make()
-    monkeypatch.setattr(sup, "healthy", lambda url, timeout: True)
+    client.api_key = "k"
+    asked: list[tuple[str, str | None]] = []
+
+    def health_state(url: str, key: str | None, timeout: float) -> str:
+        asked.append((url, key))
+        return PROVEN
+
+    monkeypatch.setattr(sup, "health_state", health_state)
     assert asyncio.run(s.recover("http://s0")) == "http://s0"
-    assert s.restarts == 0
+    assert s.restarts == 0 and asked == [("http://s0", "k")]
+
+
+def test_a_server_that_answers_without_the_proof_of_the_key_gets_no_request_back(
+    monkeypatch, capsys
+):
+    """After a connection error, ``http://s0`` answers ``/health`` but cannot prove that it
+    holds the key (another process on its port): its requests go to a replacement."""
+    launcher, client, s = make()
+    monkeypatch.setattr(
+        sup, "health_state", lambda url, key, timeout: PROVEN if "-r" in url else UNPROVEN
+    )
+    assert asyncio.run(s.recover("http://s0")) == "http://s0-r1"
+    assert s.restarts == 1 and client.replaced == [("http://s0", "http://s0-r1")]
+    assert "rollout server 0 (http://s0) answered GET /health without proving that it holds " in (
+        capsys.readouterr().err
+    )
 
 
 def test_replacement_that_fails_to_start_is_retried_within_the_limit():

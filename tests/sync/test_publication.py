@@ -20,7 +20,6 @@ from relayrl.config.schema import TrainConfig
 from relayrl.engine.client import Generation, RolloutClient, RolloutServerError, WeightsReport
 from relayrl.engine.engine import Engine
 from relayrl.engine.weights import weights_checksum
-from relayrl.launch import supervisor as sup
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
@@ -28,12 +27,12 @@ from relayrl.sync.canary import Canary, reference_logprobs
 from relayrl.sync.transaction import Deadlines, PublicationError
 from relayrl.sync.transports import DiskPublisher, ModelSource, Snapshot, make_publisher
 from relayrl.sync.weight_sync import WeightSync
-from tests.launch.test_supervisor import FakeClient, FakeLauncher
+from tests.launch.test_supervisor import FakeClient, FakeLauncher, health_from_fake_urls
 
 
 @pytest.fixture(autouse=True)
 def health_from_fake(monkeypatch):
-    monkeypatch.setattr(sup, "healthy", lambda url, timeout: "-r" in url)
+    health_from_fake_urls(monkeypatch)
 
 
 class FaultyClient(FakeClient):
