@@ -593,16 +593,19 @@ class ServerLauncher:
 
 @dataclass
 class ExternalServers:
-    """Servers someone else started (``rollout.server_urls``, ``relayrl eval --server-url``),
-    behind the launcher's interface: :meth:`start` waits until each answers ``/health`` and,
-    when the client has a key, proves that it holds it (:func:`health_state`) before the
-    client sends that key anywhere; none is started, stopped, killed or restarted."""
+    """Servers someone else started (``rollout.server_urls``, ``relayrl eval --server-url``,
+    a ``distill.teacher`` URL) behind the launcher's interface: :meth:`start` waits until
+    each answers ``/health`` and, when the client has a key, proves that it holds it
+    (:func:`health_state`) before the client sends that key anywhere; none is started,
+    stopped, killed or restarted."""
 
     urls: list[str]
     startup_timeout_s: float = 120.0
     # the key the client will send them; None: no key, nothing to prove
     api_key: str | None = field(default=None, repr=False)
     origin: str = "rollout.server_urls"  # where the URLs were given, for error messages
+    listed: bool = True  # ``origin`` is a list (``origin[i]`` in messages), not one URL
+    key_origin: str = "rollout.api_key / $RELAYRL_API_KEY / $RELAYRL_API_KEY_FILE"
 
     def __enter__(self) -> ExternalServers:
         self.start()
@@ -626,23 +629,27 @@ class ExternalServers:
                         else ""
                     )
                     raise RelayError(
-                        f"{self.origin}[{i}]: {url} did not answer GET /health{within}; is it "
+                        f"{self._where(i)}: {url} did not answer GET /health{within}; is it "
                         "running and reachable?"
                     )
                 time.sleep(0.2)
         return self.urls
 
+    def _where(self, i: int) -> str:
+        """Where URL ``i`` was given: ``rollout.server_urls[0]``, ``distill.teacher``."""
+        return f"{self.origin}[{i}]" if self.listed else self.origin
+
     def _unproven(self, i: int) -> str:
         url = self.urls[i]
         port = url_port(url)
         return (
-            f"{self.origin}[{i}]: {url} answered GET /health without proving that it holds "
+            f"{self._where(i)}: {url} answered GET /health without proving that it holds "
             f"the key; expected its {PROOF_HEADER} header to be HMAC-SHA256(key, "
             f"'relayrl-health {port} <challenge>') from a server started with the key of "
-            "rollout.api_key / $RELAYRL_API_KEY / $RELAYRL_API_KEY_FILE (`relayrl serve`, or "
-            f"vLLM with relayrl_vllm_guard) and listening on port {port} itself (not behind a "
-            "port forward or proxy on another port). Another process may be listening there; "
-            "the key was not sent to it (docs/security.md)"
+            f"{self.key_origin} (`relayrl serve`, or vLLM with relayrl_vllm_guard) and "
+            f"listening on port {port} itself (not behind a port forward or proxy on another "
+            "port). Another process may be listening there; the key was not sent to it "
+            "(docs/security.md)"
         )
 
     is_process_mode = False

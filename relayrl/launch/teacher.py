@@ -3,7 +3,8 @@
 Owns: :func:`teacher_launcher` (``distill.teacher`` a model directory: a built-in engine
 server over it, started by the run's :class:`~relayrl.launch.servers.ServerLauncher` code,
 its log in ``<run>/teacher/server-0.log``) and :func:`with_teacher_url` (the run config
-pointing the rollout side at the started server). A teacher given as a URL is used as is.
+pointing the rollout side at the started server). A teacher given as a URL is used as is,
+once it has proved that it holds the key (``relayrl.train.run.rollout.teacher_scorer``).
 The teacher's weights never change, so it takes no weight updates and no supervision beyond
 its start-up check.
 

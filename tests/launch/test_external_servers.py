@@ -30,7 +30,9 @@ from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
 from relayrl.launch.servers import ExternalServers, free_port
 from relayrl.launch.supervisor import ServerSupervisor
+from relayrl.rollout.distill import TeacherScorer
 from relayrl.runkey import API_KEY_ENV, API_KEY_FILE_ENV, CHALLENGE_HEADER, PROOF_HEADER, new_key
+from relayrl.train.run.rollout import teacher_scorer
 from tests.engine.test_serve_closed import CLI, wait_serving
 
 
@@ -204,15 +206,23 @@ def test_without_a_key_nothing_is_proved_nor_sent(tiny_model_dir, tmp_path):
     assert squatter.authorizations() == []
 
 
+@pytest.mark.parametrize(
+    ("where", "squatted"),
+    [
+        ("rollout.server_urls[0]", ["rollout.server_urls=[{url}]"]),
+        ("distill.teacher", ["distill.teacher={url}", "rollout.lag=fixed"]),  # no server
+    ],
+)
 def test_relayrl_train_on_a_squatted_url_is_one_error_line(
-    tiny_model_dir, tmp_path, capsys, monkeypatch
+    where, squatted, tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
     key = new_key()
     monkeypatch.setenv(API_KEY_ENV, key)  # as docs/security.md says to give it
     squatter = Squatter(IMPOSTORS["a made-up proof"](None))
     config = tmp_path / "run.yaml"
     config.write_text(f"model:\n  path: {tiny_model_dir}\n  max_context: 128\n")
-    overrides = [f"output_dir={tmp_path}", "name=squatted", f"rollout.server_urls=[{squatter.url}]"]
+    overrides = [f"output_dir={tmp_path}", "name=squatted"]
+    overrides += [override.format(url=squatter.url) for override in squatted]
     overrides += ["rollout.reward_workers=1", "train.progress=false", "runtime.threads=1"]
     try:
         code = main(["train", str(config), *overrides])
@@ -223,7 +233,7 @@ def test_relayrl_train_on_a_squatted_url_is_one_error_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0
     assert len(err) == 1 and err[0].startswith(
-        f"error: rollout.server_urls[0]: {squatter.url} answered GET /health without proving"
+        f"error: {where}: {squatter.url} answered GET /health without proving"
     ), err
 
 
@@ -277,3 +287,34 @@ def test_a_squatter_on_the_port_of_a_server_that_died_mid_run_gets_no_request_ba
 def test_a_server_that_still_proves_the_key_gets_its_requests_back(real_server):
     """A transient connection error on a server that holds the key: same URL, no restart."""
     assert asyncio.run(recover_from(real_server.url, real_server.key)) == real_server.url
+
+
+def teacher_config(model_dir: Path, url: str, key: str):
+    overrides = [f"model.path={model_dir}", "rollout.startup_timeout_s=5"]
+    return load_config(None, [*overrides, f"distill.teacher={url}", f"distill.api_key={key}"])
+
+
+@pytest.mark.parametrize("impostor", ["no proof", "a made-up proof"])
+def test_a_squatter_on_a_teacher_url_never_receives_the_key(impostor, tiny_model_dir):
+    """``distill.teacher`` as a URL someone else started: the same proof before its key
+    (``distill.api_key``) is sent to it."""
+    key = new_key()
+    squatter = Squatter(IMPOSTORS[impostor](None))
+    try:
+        with pytest.raises(RelayError) as refused:
+            teacher_scorer(teacher_config(tiny_model_dir, squatter.url, key))
+    finally:
+        squatter.close()
+    message = str(refused.value)
+    assert message.startswith(
+        f"distill.teacher: {squatter.url} answered GET /health without proving that it holds "
+        "the key"
+    )
+    assert "from a server started with the key of distill.api_key / $RELAYRL_API_KEY" in message
+    assert squatter.authorizations() == []
+    assert [(r["method"], r["path"]) for r in squatter.requests] == [("GET", "/health")]
+
+
+def test_a_teacher_started_with_the_key_proves_it(real_server, tiny_model_dir):
+    config = teacher_config(tiny_model_dir, real_server.url, real_server.key)
+    assert isinstance(teacher_scorer(config), TeacherScorer)

@@ -1,9 +1,9 @@
 """The rollout side live and lagged runs share: the controller over a run's prompts and
 generate functions, grading in the pool, and its counters.
 
-Owns: :func:`controller_options`, :class:`RolloutSide`. Imports: config, the rewards pool,
-the rollout controller,
-prompts and workflows, and :class:`~relayrl.train.run.setup.RunSetup`.
+Owns: :func:`controller_options`, :func:`teacher_scorer`, :class:`RolloutSide`. Imports:
+config, the rewards pool, the rollout controller, prompts and workflows, the launch layer's
+``ExternalServers`` (the teacher's key proof) and :class:`~relayrl.train.run.setup.RunSetup`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from relayrl.config.schema import RunConfig
 from relayrl.eval.evaluate import pool_grader
+from relayrl.launch.servers import ExternalServers
 from relayrl.metric_names import (
     ETA,
     ETA_DRIFT,
@@ -65,11 +66,21 @@ def controller_options(config: RunConfig) -> ControllerOptions:
 
 def teacher_scorer(config: RunConfig) -> TeacherScorer | None:
     """The rollout side's client of the distillation teacher (None when off); by now
-    ``distill.teacher`` is a URL (a model directory was started by ``run_train``)."""
+    ``distill.teacher`` is a URL (a model directory was started by ``run_train``). Before
+    the key goes to it, the server at that URL proves that it holds the key, as every
+    server someone else started does (:class:`ExternalServers`; RelayError naming the URL)."""
     url = config.distill.teacher
     if url is None:
         return None
     key = config.distill.api_key or key_from_env()
+    ExternalServers(
+        [url],
+        config.rollout.startup_timeout_s,
+        api_key=key,
+        origin="distill.teacher",
+        listed=False,
+        key_origin="distill.api_key / $RELAYRL_API_KEY / $RELAYRL_API_KEY_FILE",
+    ).start()
     timeout = config.rollout.startup_timeout_s * 5
     return TeacherScorer(url, config.rollout.temperature, timeout, api_key=key)
 
