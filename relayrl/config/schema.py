@@ -729,7 +729,8 @@ class TrainConfig(Section):
     weights_dir: str | None = Field(
         None,
         description="where published weights go (null: /dev/shm if present, else the run dir; "
-        "the run dir with launcher=ray on a cluster address, so that every node sees them)",
+        "the run dir when the launcher may place servers on other nodes, e.g. launcher=ray on "
+        "a cluster address, so that every node sees them)",
     )
     save_final: bool = Field(True, description="save <run>/final_model (Hugging Face directory)")
     log_text: bool = Field(

@@ -5,6 +5,8 @@ typo) and a short run launches and logs through."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from relayrl.train.distributed import available_cores, check_trainer_ranks
 from relayrl.train.loggers import register_logger, scalars
 from relayrl.train.ray_ranks import RayWorkerRanks
 from relayrl.train.run import run_train
+from relayrl.train.run.job import weights_root
 from relayrl.train.worker_ranks import WorkerRanks
 from tests.doc_examples import import_doc_example
 from tests.train.conftest import parity_grader, rl_config
@@ -47,6 +50,41 @@ def test_the_builtin_launchers_place_servers_and_ranks():
     assert (on_ray.num_servers, on_ray.mode) == (2, ray.config.rollout.server_mode)
     assert not local.spans_nodes() and not ray.spans_nodes()  # ray.address=local: this node
     assert launcher_of("launcher=ray", "ray.address=auto").spans_nodes()
+
+
+class ElsewhereLauncher(LocalLauncher):
+    """A launcher whose servers may sit on other nodes (as a Slurm or Kubernetes one would)."""
+
+    name = "elsewhere"
+
+    def spans_nodes(self) -> bool:
+        return True
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable tmpfs here")
+def test_published_weights_leave_tmpfs_when_the_launcher_spans_nodes(tmp_path):
+    """Where published weights go asks the launcher (``spans_nodes``), not whether it is
+    named ``ray``: node-local /dev/shm for servers on this node, the run directory (shared)
+    for a plugin launcher's servers elsewhere, as for Ray with a cluster address."""
+    register_launcher(ElsewhereLauncher)
+    run = tmp_path / "run"
+    base = [f"output_dir={tmp_path}", "name=run"]
+    roots = {}
+    try:
+        for launcher in (["launcher=local"], ["launcher=elsewhere"], ["launcher=ray"]):
+            roots[launcher[0]] = weights_root(load_config(None, [*base, *launcher]), run)
+        clustered = [*base, "launcher=ray", "ray.address=auto"]
+        roots["ray on a cluster"] = weights_root(load_config(None, clustered), run)
+    finally:
+        LAUNCHERS.pop("elsewhere", None)
+        for root in roots.values():
+            shutil.rmtree(root)
+    assert {name: root.parent for name, root in roots.items()} == {
+        "launcher=local": Path("/dev/shm"),
+        "launcher=elsewhere": run,
+        "launcher=ray": Path("/dev/shm"),  # ray.address=local: this node
+        "ray on a cluster": run,
+    }
 
 
 def test_launcher_environment_checks(monkeypatch):

@@ -27,6 +27,7 @@ from pathlib import Path
 from relayrl.config.schema import RunConfig
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
+from relayrl.launch.launchers import make_launcher
 from relayrl.launch.teacher import teacher_launcher, with_teacher_url
 from relayrl.rewards.pool import Grader, GradingPool
 from relayrl.train.resume import begin_run, remove_orphaned_dirs
@@ -44,10 +45,11 @@ from relayrl.train.run.start import check_run_inputs
 
 
 def weights_root(config: RunConfig, run_dir: Path) -> Path:
-    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir. On
-    a Ray cluster (``launcher: ray`` with an address) the servers may sit on other nodes,
-    so node-local tmpfs is skipped for the run dir (which must be on a shared filesystem)."""
-    remote = config.launcher == "ray" and config.ray.address != "local"
+    """Where published weights go: ``train.weights_dir``, else tmpfs, else the run dir. When
+    the launcher may place the servers on other nodes (:meth:`Launcher.spans_nodes`:
+    ``launcher: ray`` with an address, or a plugin launcher's own answer), node-local tmpfs
+    is skipped for the run dir (which must be on a shared filesystem)."""
+    remote = make_launcher(config).spans_nodes()
     if config.train.weights_dir:
         base = Path(config.train.weights_dir)
     elif not remote and Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
