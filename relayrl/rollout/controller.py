@@ -1,8 +1,10 @@
 """The rollout controller: feeds prompts to the rollout servers under the staleness bound η
 and hands complete, graded groups to the trainer in admission order.
 
-Owns: :func:`request_seed`, :func:`admission_capacity` (the bound), :func:`assign_advantages`
-and :class:`RolloutController` (asyncio: admission loop, one task per group, reward shaping,
+Owns: :func:`request_seed`, :func:`admission_capacity` (the bound), :func:`assign_advantages`,
+:class:`PublishedVersion` (the read-only view of the published version admission reads: a
+live run's ``relayrl.sync.VersionClock``, else :class:`OwnPublishedVersion`) and
+:class:`RolloutController` (asyncio: admission loop, one task per group, reward shaping,
 DAPO filtering, batches with their advantages). What happens to one admitted prompt is the
 rollout workflow's (``relayrl.rollout.workflow``: by default its n samples generated in one
 call, each with its own seed, and graded in one call); the prompt order is
@@ -44,7 +46,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from relayrl.algo.advantages import (
     advantage_estimator,
@@ -119,6 +121,23 @@ def assign_advantages(
 class AbortedSample(RuntimeError):
     """A sample came back still aborted (the client gave up resubmitting it): its group is
     rejected (``rejected_aborted``) and replaced, never trained as if complete."""
+
+
+class PublishedVersion(Protocol):
+    """A read-only view of the newest weight version every rollout server serves (p of the
+    admission bound). A live run's is its ``relayrl.sync.VersionClock``, which only
+    ``WeightSync`` moves: the controller reads it there and keeps no copy of its own."""
+
+    @property
+    def published(self) -> int: ...
+
+
+@dataclass
+class OwnPublishedVersion:
+    """The published version of a controller that no publisher drives (lag emulation, tests):
+    :meth:`RolloutController.set_published_version` moves it."""
+
+    published: int = 0
 
 
 def filter_cap(per_step: float | None, prompts_per_step: int) -> int | None:
@@ -197,7 +216,9 @@ class RolloutController:
     loop, :meth:`set_published_version` after every weight publication and :meth:`stop`
     at the end. ``encode(problem) -> prompt ids``, ``decode(ids) -> text``; for multi-turn
     episodes ``generate`` (one request; default: a one-sample ``generate_group``) and
-    ``encode_text(text) -> ids`` (observations).
+    ``encode_text(text) -> ids`` (observations). ``published``: where the published version
+    is read (a live run's ``VersionClock``); None: the controller's own, which
+    :meth:`set_published_version` moves.
     """
 
     def __init__(
@@ -208,7 +229,7 @@ class RolloutController:
         score_group: ScoreGroupFn,
         encode: Callable[[Problem], list[int]],
         decode: Callable[[list[int]], str],
-        published_version: int = 0,
+        published: PublishedVersion | None = None,
         workflow: RolloutWorkflow | None = None,
         generate: GenerateFn | None = None,
         encode_text: Callable[[str], list[int]] | None = None,
@@ -225,8 +246,8 @@ class RolloutController:
             extra["encode_text"] = encode_text
         self._services = RolloutServices(generate_group, score_group, decode, **extra)
         self._encode = encode
-        self.published_version = published_version
-        self.consumed_version = published_version  # batches handed out (trainer version)
+        self._published = published if published is not None else OwnPublishedVersion()
+        self.consumed_version = self.published_version  # batches handed out (trainer version)
         self.accepted = 0
         self.counters: Counter[str] = Counter()
         self._next_index = 0
@@ -260,9 +281,30 @@ class RolloutController:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    @property
+    def published_version(self) -> int:
+        """The newest version every server serves, read from :class:`PublishedVersion`."""
+        return self._published.published
+
+    @published_version.setter
+    def published_version(self, version: int) -> None:
+        if not isinstance(self._published, OwnPublishedVersion):
+            raise AttributeError(
+                "the published version is read from the publisher's clock; only it moves it"
+            )
+        self._published.published = version
+
     def set_published_version(self, version: int) -> None:
-        """The servers now run weights ``version``: the admission bound moves up."""
-        self.published_version = version
+        """The servers now run weights ``version``: the admission bound moves up. A
+        controller reading a publisher's clock records nothing (the clock, advanced first,
+        already says ``version``); it only wakes admission."""
+        if isinstance(self._published, OwnPublishedVersion):
+            self.published_version = version
+        elif version != self.published_version:
+            raise ValueError(
+                f"told that the servers serve v{version}, but the clock it reads says "
+                f"v{self.published_version}"
+            )
         self._notify()
 
     def set_eta(self, eta: int) -> None:

@@ -9,7 +9,8 @@ canary of ``relayrl.sync.canary`` when due). It holds what the rest of the run a
 servers' weights:
 
 * the published version, in its :class:`~relayrl.sync.clock.VersionClock` (advanced when a
-  publication has ended; the rollout controller is told, and its admission bound moves up);
+  publication has ended; the rollout controller reads that clock, the run's one, and is
+  told to look again: its admission bound moves up);
 * the snapshot a restarted server loads (:meth:`WeightSync.restart_source`: the newest
   publication's disk snapshot, written first when it was broadcast only), which the
   supervisor asks for on every restart (it sees ``WeightSync`` as its
@@ -63,7 +64,8 @@ def publish_interval(publish_every: int, eta: int) -> int:
 
 class PublicationListener(Protocol):
     """Who hears of publications (the rollout controller): its admission bound moves up
-    when the servers serve a version; a failure stops the run."""
+    when the servers serve a version (told after the clock has advanced to it); a failure
+    stops the run."""
 
     def set_published_version(self, version: int) -> None: ...
 
@@ -84,7 +86,8 @@ class Trainer(WeightSource, Protocol):
 class WeightSync:
     """See the module docstring. ``listener``: who hears of each publication (None: a
     failed publication's error is raised by :meth:`finish`); ``trainer``: whose weights
-    :meth:`publish` publishes (the clock's trainer version is its)."""
+    :meth:`publish` publishes (the clock's trainer version is its); ``clock``: the run's
+    :class:`VersionClock` over ``trainer``, which the listener reads too (None: a new one)."""
 
     def __init__(
         self,
@@ -99,10 +102,11 @@ class WeightSync:
         deadlines: Deadlines | None = None,
         verify: bool = True,
         served_dtype: torch.dtype | None = None,
+        clock: VersionClock | None = None,
     ) -> None:
         self.supervisor, self.publisher, self.root = supervisor, publisher, root
         self.listener, self.trainer = listener, trainer
-        self.clock = VersionClock(trainer)
+        self.clock = clock if clock is not None else VersionClock(trainer)  # its one writer
         # one attempt of a publication: pause -> load -> verify -> resume under deadlines
         self.transaction = Transaction(publisher, mode, deadlines, verify)
         self.canary = CanaryCheck(
@@ -130,9 +134,12 @@ class WeightSync:
         root: Path,
         train: TrainConfig,
         served_dtype: str | None = None,
+        *,
+        clock: VersionClock | None = None,
     ) -> WeightSync:
         """A live run's: mode, deadlines, verification and canary from ``train``;
-        ``served_dtype`` (``rollout.dtype`` when it is not the trainer's) or None."""
+        ``served_dtype`` (``rollout.dtype`` when it is not the trainer's) or None; ``clock``:
+        the run's, which ``listener`` (the controller) reads."""
         # servers in another dtype: their logprobs differ from the trainer's by the
         # rounding (bf16: ~0.1 nats, several on an odd prompt's first token), more than a
         # stale publication moves them, so no canary; the checksum of the rounded weights
@@ -149,6 +156,7 @@ class WeightSync:
             deadlines=Deadlines(train.publish_step_timeout_s, train.publish_timeout_s),
             verify=train.publish_verify,
             served_dtype=getattr(torch, served_dtype) if served_dtype else None,
+            clock=clock,
         )
 
     # ------------------------------------------------------------------ the trainer side

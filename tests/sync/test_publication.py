@@ -23,10 +23,15 @@ from relayrl.engine.weights import weights_checksum
 from relayrl.launch.servers import ServerLauncher, ServerSpec
 from relayrl.launch.supervisor import ServerSupervisor
 from relayrl.models.loading import load_model
+from relayrl.rollout.controller import ControllerOptions, RolloutController
+from relayrl.rollout.eta import StalenessBound
+from relayrl.rollout.prompts import PromptLoader
 from relayrl.sync.canary import Canary, reference_logprobs
+from relayrl.sync.clock import VersionClock
 from relayrl.sync.transaction import Deadlines, PublicationError
 from relayrl.sync.transports import DiskPublisher, ModelSource, Snapshot, make_publisher
 from relayrl.sync.weight_sync import WeightSync
+from relayrl.tasks.base import Problem
 from tests.launch.test_supervisor import FakeClient, FakeLauncher, health_from_fake_urls
 
 
@@ -266,6 +271,69 @@ def test_the_published_version_is_read_from_the_version_clock_alone(tiny_model_d
     assert seen == [(0, 0, 0), (2, 0, 2, 0.0), (2, 0, 2), (2, 2, 0), (3, 2, 1, 0.0), (3, 3, 0)]
     assert served == [2, 2, 3, 3]
     assert listener.versions == [2, 3] and listener.failure is None
+
+
+class EmptyTrainer:
+    """A trainer as publications see it, whose snapshot is an empty directory (the fake
+    servers load anything)."""
+
+    model = None
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def save_weights(self, directory: Path) -> Path:
+        directory.mkdir(parents=True)
+        return directory
+
+
+def test_the_controller_reads_the_published_version_from_the_one_clock(tmp_path):
+    """The published version is held in one object: the VersionClock that WeightSync alone
+    advances is the one the rollout controller's admission reads (no copy of its own to
+    fall behind it). A publication moves both; so does the clock moved without a word to
+    the controller; the controller cannot move it, nor be told another version."""
+    trainer = EmptyTrainer()
+    clock = VersionClock(trainer)
+
+    async def never(*args):
+        raise AssertionError("the controller is not started: admission arithmetic only")
+
+    controller = RolloutController(
+        PromptLoader([Problem("p0", "x", "1", "math")], seed=0),
+        ControllerOptions(
+            n_samples=2, prompts_per_step=4, staleness=StalenessBound(1), max_new_tokens=4
+        ),
+        never,
+        never,
+        encode=lambda problem: [1],
+        decode=str,
+        published=clock,
+    )
+    launcher = FakeLauncher(2)
+    supervisor = ServerSupervisor(launcher, FakeClient(launcher), 3)
+    sync = WeightSync(
+        supervisor,
+        DiskPublisher(),
+        tmp_path,
+        controller,
+        trainer=trainer,
+        verify=False,
+        clock=clock,
+    )
+    seen = [(controller.published_version, controller.capacity())]
+    trainer.version = 2
+    asyncio.run(sync.publish(wait=True))
+    seen.append((controller.published_version, controller.capacity()))
+    clock.advance(3)  # as WeightSync does, before it tells the controller
+    seen.append((controller.published_version, controller.capacity()))
+    assert sync.clock is clock and clock.published == 3
+    assert seen == [(0, (0 + 1 + 1) * 4), (2, (2 + 1 + 1) * 4), (3, (3 + 1 + 1) * 4)]
+    assert controller.failure is None and controller.consumed_version == 0
+    with pytest.raises(AttributeError, match="read from the publisher's clock"):
+        controller.published_version = 4
+    with pytest.raises(ValueError, match="told that the servers serve v4, but the clock"):
+        controller.set_published_version(4)
+    assert clock.published == 3
 
 
 @pytest.mark.parametrize("transport", ["disk", "broadcast"])

@@ -9,9 +9,10 @@ loop keeps feeding the servers meanwhile.
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
 admission bound would starve the trainer) goes through :class:`relayrl.sync.WeightSync`,
 the one owner of which weights the servers serve (its ``VersionClock`` holds the published
-version). Reliability (docs/reliability.md): checkpoints every ``train.checkpoint_every``
-steps and on SIGINT/SIGTERM (:class:`RunCheckpoints`), resume from one; dead or hung rollout
-servers are restarted with the weights ``WeightSync`` names and their requests resubmitted
+version; the controller's admission reads that same clock). Reliability
+(docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
+SIGINT/SIGTERM (:class:`RunCheckpoints`), resume from one; dead or hung rollout servers are
+restarted with the weights ``WeightSync`` names and their requests resubmitted
 (``relayrl.launch.supervisor``).
 
 Owns: :class:`LiveSource`, :func:`server_counters`, :data:`TIME_EVAL_PUBLISH_S`.
@@ -44,6 +45,7 @@ from relayrl.metric_names import (
 )
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.trajectory import Trajectory
+from relayrl.sync.clock import VersionClock
 from relayrl.sync.transports import make_publisher
 from relayrl.sync.weight_sync import WeightSync, publish_interval
 from relayrl.tasks.base import Problem
@@ -139,6 +141,7 @@ class LiveSource:
             0 if cfg.rollout.server_urls else cfg.rollout.max_server_restarts,
             cfg.rollout.server_hang_timeout_s,
         )
+        clock = VersionClock(setup.trainer)  # WeightSync moves it, the controller reads it
         rollout = RolloutSide.build(
             setup,
             pool,
@@ -146,10 +149,18 @@ class LiveSource:
             lambda ids, params, key: client.generate_many([ids] * len(params), params, key=key),
             # later turns of multi-turn episodes: one request each, resubmitted after aborts
             lambda ids, params, key: client.generate(ids, params, key=key),
+            published=clock,
         )
         served = cfg.served_dtype if cfg.served_dtype != cfg.model.dtype else None
         sync = WeightSync.for_run(
-            setup.trainer, rollout.controller, supervisor, publisher, weights, cfg.train, served
+            setup.trainer,
+            rollout.controller,
+            supervisor,
+            publisher,
+            weights,
+            cfg.train,
+            served,
+            clock=clock,
         )
         return cls(setup, launcher, client, supervisor, rollout, sync)
 

@@ -26,6 +26,7 @@ from relayrl.metric_names import (
 from relayrl.rewards.pool import GradingPool
 from relayrl.rollout.controller import (
     ControllerOptions,
+    PublishedVersion,
     RolloutController,
     auto_concurrency,
     filter_cap,
@@ -100,9 +101,11 @@ class RolloutSide:
         pool: GradingPool,
         generate_group: GenerateGroupFn,
         generate: GenerateFn,
+        published: PublishedVersion | None = None,
     ) -> RolloutSide:
         """The controller over ``setup``'s train prompts and these generate functions (a
-        group's samples in one call; one request), grading in ``pool``."""
+        group's samples in one call; one request), grading in ``pool``; it reads the
+        published version from ``published`` (a live run's clock; None: its own)."""
         config = setup.config
         controller = RolloutController(
             PromptLoader(train_problems(config, setup.task), seed=config.seed),
@@ -115,6 +118,7 @@ class RolloutSide:
             generate=generate,
             encode_text=setup.encode_text,
             teacher=teacher_scorer(config),
+            published=published,
         )
         # held-out evaluation grades in the pool too when it grades by the problems' own
         # verifiers (not a training reward that replaces them): timeouts, the sandbox,
