@@ -6,10 +6,8 @@ through the backend's client and publishes through the transport."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,23 +15,17 @@ from relayrl.errors import RelayError
 from relayrl.registry import ROLLOUT_BACKENDS, WEIGHT_TRANSPORTS, Registry
 from relayrl.sync.transports import DiskPublisher
 from relayrl.train.run import run_train
+from tests.doc_examples import import_doc_example
 from tests.train.conftest import parity_grader, rl_config
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 SECTION = "## A rollout backend and a weight transport"
 
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     """The documented block, written to a file outside the package and imported."""
-    block = DOC.read_text().split(SECTION, 1)[1].split("```python\n", 1)[1].split("```")[0]
-    path = tmp_path_factory.mktemp("plugin") / "relayrl_plugin_example.py"
-    path.write_text(block)
-    spec = importlib.util.spec_from_file_location("relayrl_plugin_example", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["relayrl_plugin_example"] = module
-    spec.loader.exec_module(module)
-    yield module
+    directory = tmp_path_factory.mktemp("plugin")
+    yield import_doc_example("extending.md", SECTION, directory, "relayrl_plugin_example")
     ROLLOUT_BACKENDS.pop("counting", None)
     WEIGHT_TRANSPORTS.pop("logged_disk", None)
     sys.modules.pop("relayrl_plugin_example", None)

@@ -5,31 +5,23 @@ in at most seven turns, with one hint per wrong guess; a malformed turn is answe
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
-import sys
 from pathlib import Path
+from types import ModuleType
 
 from relayrl.engine.types import SamplingParams
 from relayrl.rollout.environment import ENVIRONMENTS, ModelTurn
 from relayrl.rollout.workflow import EpisodeWorkflow, GroupRequest, RolloutServices
 from relayrl.tasks.registry import make_task
+from tests.doc_examples import doc_example, import_doc_example
 from tests.rollout.test_episodes import Gen, decode, encode
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
+SECTION = "## A complete example"
 
 
-def load_example(tmp_path: Path):
-    text = DOC.read_text()
-    block = text.split("## A complete example", 1)[1].split("```python\n", 1)[1].split("```")[0]
-    assert len(block.splitlines()) < 60
-    path = tmp_path / "agents_example.py"
-    path.write_text(block)
-    spec = importlib.util.spec_from_file_location("agents_example", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agents_example"] = module
-    spec.loader.exec_module(module)
-    return module
+def load_example(tmp_path: Path) -> ModuleType:
+    assert len(doc_example("agents.md", SECTION).splitlines()) < 60
+    return import_doc_example("agents.md", SECTION, tmp_path, "agents_example")
 
 
 async def bisect(ids: list[int], params: SamplingParams, key: str) -> Gen:
