@@ -8,7 +8,8 @@ One module per piece:
   evaluation, name the snapshot a restarted server loads and catch a restarted server up,
   resume servers a publication kept paused, close the transport;
 - ``clock``: :class:`VersionClock`, the trainer's version and the published version, read
-  from one place (the rollout controller's admission is told each new published version);
+  from one place: the run's one clock, which ``WeightSync`` alone advances and the rollout
+  controller's admission reads (as its ``relayrl.rollout.controller.PublishedVersion``);
 - ``transaction``: one publication as a transaction (pause → load → verify → resume, each
   step under a deadline), :class:`PublishMode`, :class:`Deadlines`,
   :class:`PublicationError`;
@@ -21,7 +22,8 @@ Import the names from their modules (this package's ``__init__`` imports nothing
 transport's registry path loads only the transports). The supervisor
 (``relayrl.launch.supervisor``) keeps the servers alive and does not know
 this package: it sees :class:`WeightSync` as its ``ServedWeights`` Protocol. Published weight
-versions live here and on the servers; the rollout controller is told them.
+versions live here and on the servers; the rollout controller reads them from the clock
+and is told to look again after each publication.
 
 Imports: relayrl.launch (the supervisor, free ports), relayrl.engine (clients, transfer,
 adapters, checksums), relayrl.config, relayrl.errors, relayrl.registry,
