@@ -5,8 +5,11 @@ without a command line: ``/proc/<pid>/cmdline`` is readable by every user, the e
 and a 0600 file are not), :func:`new_key`, :func:`key_from_env`, :func:`read_key_file` (which
 refuses a file other users could read or that someone else owns), :func:`run_key` (the
 per-run-directory secret ``<run>/run.key``, created 0600 on first use), :func:`derive`
-(one independent subkey per purpose, so a leaked API key reveals nothing of the checkpoint
-key and the reverse) and :func:`health_proof` (how a server shows that it holds the key
+(one independent subkey per purpose, so that a leaked subkey reveals nothing of the key it
+was derived from nor of its siblings), the two subkeys of a run key a run uses,
+:func:`server_key` (each launched server's own key, a new one for each restart) and
+:func:`transfer_secret` (the weight-transfer groups' rendezvous secret, which no server is
+started with), and :func:`health_proof` (how a server shows that it holds the key
 without the client sending it: the answer to a ``GET /health`` challenge, bound to the port
 the server listens on, so that a process squatting one port cannot relay another server's
 answer; ``relayrl/launch/vllm_worker/relayrl_vllm_guard.py`` computes the same).
@@ -87,9 +90,25 @@ def run_key(run_dir: Path) -> str:
     return read_key_file(path, "run key")
 
 
-def derive(key: str, purpose: str) -> str:
-    """An independent subkey of ``key`` for ``purpose`` (HMAC-SHA256, hex)."""
-    return hmac.new(key.encode(), purpose.encode(), hashlib.sha256).hexdigest()
+def derive(key: str, *purpose: str | int) -> str:
+    """An independent subkey of ``key`` for ``purpose``: HMAC-SHA256 under ``key`` of the
+    purpose's parts joined by spaces, hex. Whoever holds the subkey cannot compute ``key``
+    nor any other subkey of it."""
+    message = " ".join(str(part) for part in purpose)
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def server_key(run_key: str, index: int, incarnation: int) -> str:
+    """The key of launched server ``index`` in its ``incarnation`` (0 at the run's start,
+    one more at each restart): a key taken from one server opens neither the others nor
+    its own restart (docs/security.md)."""
+    return derive(run_key, "server", int(index), int(incarnation))
+
+
+def transfer_secret(run_key: str) -> str:
+    """The secret of the run's weight-transfer groups' rendezvous (``store_prefix``): the
+    trainer sends it to each server in its join request; no server key opens it."""
+    return derive(run_key, "weight-transfer group")
 
 
 CHALLENGE_HEADER = "x-relayrl-challenge"  # GET /health: the client's fresh random challenge

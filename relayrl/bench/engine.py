@@ -179,9 +179,12 @@ def _bench_vllm(model_dir: Path, work: Workload, batch: int, args) -> float:
         api_key=new_key(),
     )
 
-    async def run(url: str) -> float:
+    async def run(launcher: ServerLauncher) -> float:
         async with VLLMClient(
-            [url], api_key=spec.api_key, timeout=3600.0, max_connections=len(work.prompts)
+            launcher.urls,
+            timeout=3600.0,
+            max_connections=len(work.prompts),
+            **launcher.client_keys(),  # the server's own key, derived from spec.api_key
         ) as client:
             warm = SamplingParams(max_new_tokens=4, ignore_eos=True)
             await asyncio.gather(*(client.generate(p, warm) for p in work.prompts[:batch]))
@@ -201,7 +204,7 @@ def _bench_vllm(model_dir: Path, work: Workload, batch: int, args) -> float:
     with tempfile.TemporaryDirectory() as logs:
         launcher = ServerLauncher(spec, 1, log_dir=Path(logs), startup_timeout_s=600)
         with launcher:
-            return asyncio.run(run(launcher.urls[0]))
+            return asyncio.run(run(launcher))
 
 
 def _bench_engine(model, work: Workload, batch: int) -> tuple[float, dict]:

@@ -305,18 +305,17 @@ def server_spec(model_dir: Path, args: argparse.Namespace):
     """The server spec and client class of ``--engine``."""
     from relayrl.runkey import new_key
 
-    key = new_key()  # as a run's launcher: the servers need it, the client sends it
+    key = new_key()  # a run key, as a run's launcher makes: each server gets one derived
     if args.engine == "vllm":
         from relayrl.engine.vllm_client import VLLMClient
         from relayrl.launch.vllm import VLLMServerSpec, find_vllm_python
 
         python = find_vllm_python(args.vllm_python)
-        spec = VLLMServerSpec(str(model_dir), python, max_seq_len=256, api_key=key)
-        return spec, functools.partial(VLLMClient, api_key=key)
+        return VLLMServerSpec(str(model_dir), python, max_seq_len=256, api_key=key), VLLMClient
     from relayrl.engine.client import RolloutClient
     from relayrl.launch.servers import ServerSpec
 
-    return ServerSpec(str(model_dir), api_key=key), functools.partial(RolloutClient, api_key=key)
+    return ServerSpec(str(model_dir), api_key=key), RolloutClient
 
 
 def measure(preset: str, args: argparse.Namespace) -> dict:
@@ -337,6 +336,8 @@ def measure(preset: str, args: argparse.Namespace) -> dict:
             with ServerLauncher(
                 spec, num_servers=args.servers, log_dir=Path(tmp), startup_timeout_s=600.0
             ) as launcher:
+                # each server is sent its own key (the client learns them from the launcher)
+                client_class = functools.partial(client_class, **launcher.client_keys())
                 result = asyncio.run(
                     publish_rounds(launcher.urls, model, root, args.rounds, client_class)
                 )

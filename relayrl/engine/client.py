@@ -35,6 +35,13 @@ reset after the retries, i.e. a :class:`RolloutServerError` without an HTTP stat
 up — and is resubmitted there as ``prompt + the tokens received so far`` with the same seed
 rule, at most ``max_failovers`` times per request. :meth:`replace_url` moves the server list
 and sticky routes to the new URL.
+
+Keys (docs/security.md): every request to a server carries ``Authorization: Bearer`` with
+that server's key (:meth:`RolloutClient.key_for`): its own in ``server_keys`` (each server a
+run launched holds a key of its own, a new one after a restart, which :meth:`replace_url`
+:meth:`RolloutClient.set_key` gives the client), else ``api_key`` (the one key the user gave for the servers they
+started). ``transfer_secret`` is the weight-transfer groups' rendezvous secret, which the
+broadcast transport sends to the servers it asks to join a group.
 """
 
 from __future__ import annotations
@@ -43,14 +50,15 @@ import asyncio
 import itertools
 import json as jsonlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
-from relayrl.engine.http import ConnectError, FastHTTP
+from relayrl.engine.http import ConnectError, FastHTTP, header_lines
 from relayrl.engine.types import SamplingParams
+from relayrl.runkey import transfer_secret as derive_transfer_secret
 
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 # the same failures on the asyncio transport (engine/http.py) used for plain http://
@@ -165,25 +173,33 @@ class RolloutClient:
         max_resubmits: int = 32,
         recover: Recover | None = None,
         max_failovers: int = 8,
+        server_keys: Mapping[str, str] | None = None,
+        transfer_secret: str | None = None,
     ) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RolloutClient needs at least one server URL")
-        self.api_key = api_key  # also the secret of the weight-transfer group's store
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # the key of a server with none of its own in server_keys (see the module docstring)
+        self.api_key = api_key
+        self._keys: dict[str, str | None] = {}  # URL -> the key its requests carry
+        self._auth: dict[str, tuple[str, dict[str, str]]] = {}  # URL -> its header, 2 forms
+        own = {url.rstrip("/"): key for url, key in (server_keys or {}).items()}
+        for url in self.urls:
+            self.set_key(url, own.get(url, api_key))
+        if transfer_secret is None and api_key:
+            transfer_secret = derive_transfer_secret(api_key)
+        self.transfer_secret = transfer_secret
         self._http = httpx.AsyncClient(
-            headers=headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections),
         )
-        self._fast = FastHTTP(headers, timeout, connect_timeout, max_connections)
+        self._fast = FastHTTP({}, timeout, connect_timeout, max_connections)
         # control requests never wait for a connection behind generation (module docstring)
         self._http_control = httpx.AsyncClient(
-            headers=headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=CONTROL_CONNECTIONS),
         )
-        self._fast_control = FastHTTP(headers, timeout, connect_timeout, CONTROL_CONNECTIONS)
+        self._fast_control = FastHTTP({}, timeout, connect_timeout, CONTROL_CONNECTIONS)
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_resubmits = max_resubmits
@@ -222,12 +238,29 @@ class RolloutClient:
         return url
 
     def replace_url(self, old: str, new: str) -> None:
-        """Server ``old`` now lives at ``new`` (restarted): reroute everything to it."""
+        """Server ``old`` now lives at ``new`` (restarted): reroute everything to it. ``new``
+        keeps the key :meth:`set_key` gave it (else ``api_key``); ``old`` is sent none."""
         new = new.rstrip("/")
         self.urls = [new if u == old else u for u in self.urls]
-        for key, url in self._sticky.items():
+        for sticky, url in self._sticky.items():
             if url == old:
-                self._sticky[key] = new
+                self._sticky[sticky] = new
+        if new not in self._keys:
+            self.set_key(new, self.api_key)
+        if old != new:
+            self._keys.pop(old, None)
+            self._auth.pop(old, None)
+
+    def key_for(self, url: str) -> str | None:
+        """The key requests to ``url`` carry (None: no ``Authorization`` header)."""
+        return self._keys.get(url.rstrip("/"))
+
+    def set_key(self, url: str, key: str | None) -> None:
+        """Requests to ``url`` carry ``key`` from now on (a restarted server's own key)."""
+        url = url.rstrip("/")
+        self._keys[url] = key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._auth[url] = (header_lines(headers), headers)
 
     async def request(self, method: str, url: str, path: str, json: Any = None) -> Any:
         """One control call to the server at ``url`` (``GET``/``POST`` ``path`` with a JSON
@@ -243,17 +276,20 @@ class RolloutClient:
         ``generation``: a generate call (the generation pool), else a control call (the
         control pool; see the module docstring)."""
         fast = FastHTTP.supports(url)
+        lines, headers = self._auth.get(url, ("", {}))
         if fast:
             http = self._fast if generation else self._fast_control
             send: Callable[..., Awaitable[tuple[int, bytes]]] = http.request
+            auth: Any = lines
         else:
             send = self._send_httpx if generation else self._send_httpx_control
+            auth = headers
         retryable = FAST_RETRYABLE if fast else RETRYABLE
         timeouts = asyncio.TimeoutError if fast else httpx.TimeoutException
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                status, body = await send(method, url, path, json)
+                status, body = await send(method, url, path, json, auth)
             except retryable as exc:
                 last = exc
                 if attempt < self.max_retries:
@@ -269,14 +305,16 @@ class RolloutClient:
             url, f"unreachable after {self.max_retries + 1} attempts ({last!r})"
         ) from last
 
-    async def _send_httpx(self, method: str, url: str, path: str, json: Any) -> tuple[int, bytes]:
-        response = await self._http.request(method, url + path, json=json)
+    async def _send_httpx(
+        self, method: str, url: str, path: str, json: Any, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        response = await self._http.request(method, url + path, json=json, headers=headers)
         return response.status_code, response.content
 
     async def _send_httpx_control(
-        self, method: str, url: str, path: str, json: Any
+        self, method: str, url: str, path: str, json: Any, headers: dict[str, str]
     ) -> tuple[int, bytes]:
-        response = await self._http_control.request(method, url + path, json=json)
+        response = await self._http_control.request(method, url + path, json=json, headers=headers)
         return response.status_code, response.content
 
     async def _broadcast(

@@ -37,6 +37,11 @@ class _StaleConnection(Exception):
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+def header_lines(headers: dict[str, str]) -> str:
+    """``headers`` as HTTP/1.1 header lines (``Name: value\\r\\n`` each)."""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+
+
 class FastHTTP:
     """``await http.request("POST", "http://host:port", "/path", json)`` → (status, body)."""
 
@@ -48,7 +53,7 @@ class FastHTTP:
         max_connections: int = 256,
         max_idle: int = 256,
     ) -> None:
-        self.headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.headers = header_lines(headers or {})
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
@@ -62,8 +67,10 @@ class FastHTTP:
         return urlsplit(url).scheme == "http"
 
     async def request(
-        self, method: str, url: str, path: str, json: Any = None
+        self, method: str, url: str, path: str, json: Any = None, headers: str = ""
     ) -> tuple[int, bytes]:
+        """One exchange; ``headers``: this request's own header lines (``Name: value\\r\\n``
+        each, see :func:`header_lines`), sent after the client's."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max_connections)
         parts = urlsplit(url)
@@ -71,7 +78,7 @@ class FastHTTP:
         body = b"" if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
         head = (
             f"{method} {parts.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {origin[0]}:{origin[1]}"
-            f"\r\n{self.headers}Accept: application/json\r\n"
+            f"\r\n{self.headers}{headers}Accept: application/json\r\n"
         )
         if json is not None or method != "GET":
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"

@@ -146,6 +146,9 @@ class InitGroupIn(_Strict):
     # relayrl extension: the deadline of the join and of every broadcast in the group
     # (bounded: 1e300 overflowed the timedelta after the current group was torn down)
     timeout_s: float = Field(60.0, gt=0, le=MAX_GROUP_TIMEOUT_S, allow_inf_nan=False)
+    # relayrl extension: the secret of the group's rendezvous keys (``store_prefix``), the
+    # trainer's, derived from the run key; never this server's own key (docs/security.md)
+    secret: str | None = Field(None, max_length=256)
 
 
 class UpdateDistributedIn(_Strict):
@@ -520,7 +523,7 @@ def create_app(
                 body.world_size,
                 body.group_name,
                 body.timeout_s,
-                api_key,
+                body.secret,
             )
         except RelayError as exc:
             return _error(504, f"init_weights_update_group: {exc}")

@@ -385,6 +385,7 @@ class VLLMClient(RolloutClient):
             )
         keys = ("master_address", "master_port", "rank_offset", "world_size", "group_name")
         kwargs = {k: body[k] for k in keys} | {"timeout_s": float(body.get("timeout_s", 60.0))}
+        kwargs["secret"] = body.get("secret")  # the rendezvous secret, not the server's key
         return await self._rpc(url, JOIN_METHOD, kwargs)
 
     async def update_weights_from_distributed(self, url: str, body: dict[str, Any]) -> Any:

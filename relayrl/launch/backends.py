@@ -17,10 +17,12 @@ backend is two things that the run, the launcher and the supervisor use and noth
   check run on every server before training (launched or external);
   :meth:`RolloutBackend.check_protocols` the read-only one before an evaluation.
 
-Keys (docs/security.md): the servers a backend launches get a fresh run key
-(:meth:`RolloutBackend.launched_spec`), servers someone else started the one of
-``rollout.api_key`` / ``$RELAYRL_API_KEY`` / ``$RELAYRL_API_KEY_FILE``; the backend's clients
-send it (:attr:`RolloutBackend.api_key`), to a server someone else started only once it has
+Keys (docs/security.md): a backend that launches servers makes a fresh run key
+(:meth:`RolloutBackend.launched_spec`), from which each launched server gets a key of its
+own (``ServerLauncher.key_of``: one per server and restart), and the backend's clients send
+each server its own (:meth:`RolloutBackend.client`); servers someone else started all hold
+the one key of ``rollout.api_key`` / ``$RELAYRL_API_KEY`` / ``$RELAYRL_API_KEY_FILE``
+(:attr:`RolloutBackend.api_key`), which the clients send to such a server only once it has
 proved that it holds it (:meth:`RolloutBackend.external_servers`).
 
 ``builtin``: ``relayrl serve`` (``relayrl.engine.serve.serve_main``), SGLang-style API.
@@ -59,7 +61,7 @@ async def probe(client: RolloutClient, url: str, path: str, what: str, hint: str
         if exc.unreachable:
             raise
         if exc.status == 401:
-            sent = "the key it was sent" if client.api_key else "a request without a key"
+            sent = "the key it was sent" if client.key_for(url) else "a request without a key"
             raise RelayError(
                 f"rollout server {url} refused {sent} (GET {path}: HTTP 401); set its key in "
                 "rollout.api_key, $RELAYRL_API_KEY or $RELAYRL_API_KEY_FILE (docs/security.md)"
@@ -76,8 +78,9 @@ class RolloutBackend(ABC):
         self.config = config
         self.model_dir = str(model_dir)
         # the key the client sends: rollout.api_key / $RELAYRL_API_KEY for servers someone
-        # else started; :meth:`launcher` replaces it by a fresh one for launched servers
+        # else started; :meth:`launcher` replaces it by a fresh run key for launched servers
         self.api_key: str | None = config.rollout.api_key or key_from_env()
+        self._launched: ServerLauncher | None = None  # the servers :meth:`launcher` launched
 
     @abstractmethod
     def server_spec(self) -> Any:
@@ -99,12 +102,16 @@ class RolloutBackend(ABC):
         await self.check_protocol(client, url)
 
     def client(self, urls: list[str], **kwargs: Any) -> RolloutClient:
+        """A client of the servers at ``urls``: each launched server is sent its own key
+        (never the run key), servers someone else started :attr:`api_key`."""
+        if self._launched is not None:
+            kwargs = {**self._launched.client_keys(), **kwargs}
         kwargs.setdefault("api_key", self.api_key)
         return self.client_class()(urls, **kwargs)
 
     def launched_spec(self) -> Any:
-        """:meth:`server_spec` with a fresh per-run key (docs/security.md), which the
-        clients of this backend then send."""
+        """:meth:`server_spec` with a fresh run key (docs/security.md), from which the
+        launcher derives each server's own key."""
         self.api_key = new_key()
         return replace(self.server_spec(), api_key=self.api_key)
 
@@ -114,7 +121,9 @@ class RolloutBackend(ABC):
         rollout = self.config.rollout
         if rollout.server_urls:
             return self.external_servers(list(rollout.server_urls))
-        return make_launcher(self.config).server_launcher(self.launched_spec(), run_dir)
+        launcher = make_launcher(self.config).server_launcher(self.launched_spec(), run_dir)
+        self._launched = launcher
+        return launcher
 
     def external_servers(
         self, urls: list[str], origin: str = "rollout.server_urls", wait: bool = True

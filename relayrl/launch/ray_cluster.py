@@ -15,6 +15,8 @@ work unchanged; only *where* a server runs differs:
 * server ``i`` is an actor in bundle ``i`` that starts the same server command as the local
   launcher (built-in engine or vLLM) as its child, listening on its node's address; the
   child dies with the actor (parent-death signal), so a killed actor never leaves a server;
+* the actor is given server ``i``'s spec holding that server's own key
+  (``ServerLauncher.spec_for``), never the run key;
 * a dead actor reads as an exited server: the supervisor respawns it, a fresh actor in the
   same bundle (on any node with room when its node is gone), and resubmits its requests;
 * ``<run>/cluster.json`` lists each server's node, actor pid, server pid, URL and log.
@@ -434,7 +436,7 @@ class RayServerLauncher(ServerLauncher):
         log = self.log_path(i)
         info = await_start(
             actor,
-            actor.start.remote(self.spec, i, str(log), log_mode),
+            actor.start.remote(self.spec_for(i), i, str(log), log_mode),  # its key, not the run's
             f"rollout server {i}",
             self.startup_timeout_s,
             "rollout.startup_timeout_s",

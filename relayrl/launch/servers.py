@@ -9,9 +9,15 @@ killed trainer never leaves servers behind. What the child runs is its spec's
 (:func:`serve_child`), a vLLM server for ``relayrl.launch.vllm.VLLMServerSpec``. A spec with
 ``new_session`` (vLLM, which forks an engine-core and a worker process) gets a process group
 of its own, and every signal goes to the whole group, so no grandchild outlives it.
-``mode="thread"`` runs the built-in HTTP server in this process (tests). A spec's ``api_key``
-(the run key, docs/security.md) reaches the child in its environment (``RELAYRL_API_KEY``),
-never in its command line, which every user of the machine can read.
+``mode="thread"`` runs the built-in HTTP server in this process (tests).
+
+Keys (docs/security.md): a spec's ``api_key`` is the run key, which no server receives.
+Server ``i`` in its ``j``-th incarnation (0 at start, one more at each :meth:`respawn`) gets
+its own key, ``relayrl.runkey.server_key(run key, i, j)`` (:meth:`ServerLauncher.key_of`,
+:meth:`ServerLauncher.spec_for`), in its environment (``RELAYRL_API_KEY``), never in its
+command line, which every user of the machine can read: a key taken from one server opens
+neither another server nor its own restart. The run's client sends each server its key
+(:meth:`ServerLauncher.client_keys`).
 
 Ports nobody can squat (docs/security.md): the launcher binds each server's port itself
 (:func:`reserve_port`) and the child inherits the listening socket (``pass_fds``, its number
@@ -57,14 +63,21 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from relayrl.errors import RelayError
 from relayrl.plugins import plugin_environment
-from relayrl.runkey import API_KEY_ENV, CHALLENGE_HEADER, PROOF_HEADER, health_proof
+from relayrl.runkey import (
+    API_KEY_ENV,
+    CHALLENGE_HEADER,
+    PROOF_HEADER,
+    health_proof,
+    server_key,
+    transfer_secret,
+)
 
 # argv: ``serve`` (so ``ps`` and the tests can tell a server), then the ServeOptions JSON
 SERVE_SNIPPET = (
@@ -291,6 +304,8 @@ class ServerLauncher:
     _held: list[tuple[subprocess.Popen, socket.socket]] = field(default_factory=list)
     _watcher: threading.Thread | None = None
     _stopping: threading.Event = field(default_factory=threading.Event)
+    # server i's current incarnation: 0 at start, one more at each respawn (its key's)
+    _incarnations: dict[int, int] = field(default_factory=dict)
 
     def __enter__(self) -> ServerLauncher:
         self.start()
@@ -303,8 +318,8 @@ class ServerLauncher:
     def start(self) -> list[str]:
         try:
             if self.mode == "thread":
-                for _ in range(self.num_servers):
-                    self._start_thread()
+                for i in range(self.num_servers):
+                    self._start_thread(i)
             else:
                 for i in range(self.num_servers):
                     self._start_process(i)
@@ -323,7 +338,37 @@ class ServerLauncher:
         return self.log_dir / f"server-{i}.log"
 
     def _command(self, port: int) -> list[str]:
+        """A server's command line: the same for every server (it carries no key)."""
         return self.spec.command(port)
+
+    def key_of(self, i: int) -> str | None:
+        """The key of server ``i`` as it runs now: ``server_key(run key, i, incarnation)``;
+        None when the spec has no key (its servers have none)."""
+        run_key = getattr(self.spec, "api_key", None)
+        if not run_key:
+            return None
+        return server_key(run_key, i, self._incarnations.get(i, 0))
+
+    def spec_for(self, i: int) -> Any:
+        """The spec server ``i`` is started with: the launcher's, holding :meth:`key_of`
+        ``(i)`` instead of the run key."""
+        key = self.key_of(i)
+        return self.spec if key is None else replace(self.spec, api_key=key)
+
+    def url_keys(self) -> dict[str, str]:
+        """Each keyed server's URL and the key its client sends it."""
+        keys = {url: self.key_of(i) for i, url in enumerate(self.urls)}
+        return {url: key for url, key in keys.items() if key is not None}
+
+    def client_keys(self) -> dict[str, Any]:
+        """The keys a client of these servers is built with (``RolloutClient(urls,
+        **launcher.client_keys())``): each server's own (:meth:`url_keys`, none for any
+        other URL) and the transfer groups' secret; ``{}`` when the servers have no key."""
+        run_key = getattr(self.spec, "api_key", None)
+        if not run_key:
+            return {}
+        secret = transfer_secret(run_key)
+        return {"api_key": None, "server_keys": self.url_keys(), "transfer_secret": secret}
 
     def _listen(self, i: int) -> socket.socket:
         """Server ``i``'s listening socket: on ``spec.port + i`` (RelayError if taken), else
@@ -373,7 +418,7 @@ class ServerLauncher:
         host, port = sock.getsockname()[:2]
         log = self.log_path(i)
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **self.spec.environment(i))
+        env = dict(os.environ, **self.spec_for(i).environment(i))  # its own key
         env[PARENT_ENV] = str(os.getpid())
         env[LISTEN_FD_ENV] = str(sock.fileno())
         with open(log, log_mode) as out:
@@ -410,8 +455,8 @@ class ServerLauncher:
                     done.add(proc.pid)
 
     def _health(self, i: int) -> str:
-        """Server ``i``'s :func:`health_state`; a keyed server must prove it holds the key."""
-        return health_state(self.urls[i], getattr(self.spec, "api_key", None))
+        """Server ``i``'s :func:`health_state`; a keyed server must prove it holds its key."""
+        return health_state(self.urls[i], self.key_of(i))
 
     def _wait_healthy(self, indices: list[int] | None = None) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -424,7 +469,7 @@ class ServerLauncher:
                     raise RelayError(
                         self.describe(
                             i,
-                            "answered GET /health without proving that it holds the run key: "
+                            "answered GET /health without proving that it holds its key: "
                             "another process is listening on its port (the key was not sent "
                             "to it)",
                         )
@@ -442,7 +487,7 @@ class ServerLauncher:
             if waiting:
                 time.sleep(0.2)
 
-    def _start_thread(self) -> None:
+    def _start_thread(self, i: int) -> None:
         from relayrl.engine.engine import Engine
         from relayrl.engine.server import ServerThread, create_app
 
@@ -451,7 +496,7 @@ class ServerLauncher:
                 f"rollout.server_mode=thread runs only the built-in engine, not {self.spec.kind}"
             )
         engine = Engine.from_pretrained(self.spec.model_dir, self.spec.engine_options())
-        server = ServerThread(create_app(engine, self.spec.api_key)).start()
+        server = ServerThread(create_app(engine, self.key_of(i))).start()
         self._threads.append((server, engine))
         self.urls.append(server.url)
 
@@ -480,14 +525,16 @@ class ServerLauncher:
 
     def respawn(self, i: int) -> str:
         """Replace server ``i`` (killed first if still running) by a fresh process on a new
-        port, its output appended to the same log; returns its URL, not yet healthy (see
+        port, its output appended to the same log, holding a key of its own (the next
+        incarnation's, :meth:`key_of`); returns its URL, not yet healthy (see
         :meth:`wait_healthy`). Safe from any thread: the spawner thread forks it."""
+        self._incarnations[i] = self._incarnations.get(i, 0) + 1
         if not self.is_process_mode:
             server, engine = self._threads[i]
             server.stop()
             engine.shutdown()
             self._threads.pop(i)
-            self._start_thread()
+            self._start_thread(i)
             self._threads.insert(i, self._threads.pop())
             self.urls[i] = self.urls.pop()
             return self.urls[i]
@@ -657,6 +704,10 @@ class ExternalServers:
 
     def index_of(self, url: str) -> int:
         return index_of(self.urls, url)
+
+    def key_of(self, i: int) -> str | None:
+        """The one key the user gave for every server they started (none is restarted)."""
+        return self.api_key
 
     def exit_code(self, i: int) -> int | None:
         return None

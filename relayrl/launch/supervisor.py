@@ -33,7 +33,8 @@ A restart: kill the old process if alive, start a new one on a new port, wait un
 load :meth:`ServedWeights.restart_source` (the newest publication's disk snapshot with its
 version, written first when the newest publication was broadcast only: the replacement never
 starts older than what was published, so no token it generates is staler than the bound
-allows; without weights to serve, the model directory it started from), reroute the client,
+allows; without weights to serve, the model directory it started from), reroute the client
+(the new URL with the replacement's own key: a restart gets a new one, docs/security.md),
 and tell :meth:`ServedWeights.server_replaced` (the broadcast transport re-forms its transfer
 group; a broadcast-only publication is caught up). Restarts are counted over the run; one
 more failure than ``rollout.max_server_restarts`` stops the run with a RelayError naming the
@@ -110,6 +111,10 @@ class SupervisedServers(Protocol):
         """Where server ``i`` runs: ``local``, a Ray node's address, an external URL's host."""
         ...
 
+    def key_of(self, i: int) -> str | None:
+        """The key server ``i`` holds now (a restarted server holds a new one)."""
+        ...
+
 
 class SupervisedClient(Protocol):
     """The rollout client as the supervisor drives it: failover, and a replacement's
@@ -118,8 +123,6 @@ class SupervisedClient(Protocol):
     recover: Callable[[str], Awaitable[str]] | None  # set by the supervisor
 
     urls: list[str]
-
-    api_key: str | None  # what a server must prove it holds before requests go back to it
 
     async def update_weights(
         self,
@@ -133,6 +136,15 @@ class SupervisedClient(Protocol):
 
     def replace_url(self, old: str, new: str) -> None:
         """Send what went to ``old`` to ``new`` from now on (a restarted server)."""
+        ...
+
+    def set_key(self, url: str, key: str | None) -> None:
+        """Send ``key`` to ``url`` from now on (a replacement holds a key of its own)."""
+        ...
+
+    def key_for(self, url: str) -> str | None:
+        """The key requests to ``url`` carry: what the server there must prove it holds
+        before requests go back to it."""
         ...
 
 
@@ -282,7 +294,7 @@ class ServerSupervisor:
         server is sent the failed requests (and the key) again only when it proves it holds
         the key, as at its start; a process that bound the port of a dead server someone
         else started cannot."""
-        key = self.client.api_key
+        key = self.client.key_for(url)
         return await asyncio.to_thread(health_state, url, key, self.probe_timeout_s)
 
     async def _restart(self, i: int, reason: str) -> str:
@@ -332,6 +344,7 @@ class ServerSupervisor:
             await asyncio.to_thread(self.launcher.wait_healthy, [i])
         finally:
             self._starting.discard(i)
+        self.client.set_key(new, self.launcher.key_of(i))  # its own key, not the old one's
         source = await self.weights.restart_source() if self.weights is not None else None
         if source is not None:
             path, version = source

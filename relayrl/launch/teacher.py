@@ -33,7 +33,9 @@ def teacher_launcher(config: RunConfig, run_dir: Path) -> ServerLauncher | None:
         max_seq_len=config.model.max_context,
         device=config.model.device,
         dtype=config.model.dtype,
-        api_key=new_key(),  # its scoring endpoint, like every launched server's, needs it
+        # a key of the teacher's own, no rollout server's: the server holds the key derived
+        # from it (ServerLauncher.key_of), as every launched server does
+        api_key=new_key(),
     )
     return ServerLauncher(
         spec,
@@ -46,7 +48,7 @@ def teacher_launcher(config: RunConfig, run_dir: Path) -> ServerLauncher | None:
 
 def with_teacher_url(config: RunConfig, launcher: ServerLauncher) -> RunConfig:
     """``config`` with ``distill.teacher`` set to the started teacher server's URL (and
-    ``distill.api_key`` to its key)."""
-    update = {"teacher": launcher.urls[0], "api_key": launcher.spec.api_key}
+    ``distill.api_key`` to the key that server holds)."""
+    update = {"teacher": launcher.urls[0], "api_key": launcher.key_of(0)}
     distill = config.distill.model_copy(update=update)
     return config.model_copy(update={"distill": distill})

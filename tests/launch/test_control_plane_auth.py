@@ -24,7 +24,7 @@ from relayrl.engine.transfer import TransferGroup
 from relayrl.errors import RelayError
 from relayrl.launch.backends import make_backend
 from relayrl.launch.servers import free_port, healthy
-from relayrl.runkey import API_KEY_ENV, read_key_file, run_key, write_key_file
+from relayrl.runkey import API_KEY_ENV, read_key_file, run_key, server_key, write_key_file
 
 
 def builtin_config(model_dir: Path, *overrides: str):
@@ -120,23 +120,28 @@ def test_api_key_of_external_servers_comes_from_config_or_env_and_is_never_saved
     assert backend.client(["http://127.0.0.1:9"]).api_key == "from-env"
 
 
-def test_one_key_per_launch_for_every_server_and_restart_and_another_for_the_teacher(
+def test_a_key_per_server_from_a_fresh_run_key_and_another_for_the_teacher(
     tiny_model_dir, tmp_path
 ):
-    """What docs/security.md ("One key for every server") says a stolen server key opens:
-    every server of the launch and each restart (the same environment for every index and
-    incarnation), not another launch's servers nor the launched teacher."""
+    """What docs/security.md ("A key per server") says each launched server is given: a key
+    of its own in its environment (never the run key), derived from a run key fresh for
+    each command; the launched teacher's key derives from a key of its own.
+    (tests/launch/test_server_keys.py: the keys at work, restarts included.)"""
     from relayrl.launch.teacher import teacher_launcher
 
     config = builtin_config(tiny_model_dir, f"distill.teacher={tiny_model_dir}")
-    spec = make_backend(config, tiny_model_dir).launched_spec()
-    # a restart of server i runs spec.environment(i) again (ServerLauncher.respawn)
-    assert {spec.environment(i)[API_KEY_ENV] for i in range(3)} == {spec.api_key}
+    backend = make_backend(config, tiny_model_dir)
+    launcher = backend.launcher(tmp_path)  # not started: what it would start
+    given = [launcher.spec_for(i).environment(i)[API_KEY_ENV] for i in range(3)]
+    assert given == [server_key(backend.api_key, i, 0) for i in range(3)]
+    assert len(set(given)) == 3 and backend.api_key not in given
+    teacher = teacher_launcher(config, tmp_path)
     others = {
         make_backend(config, tiny_model_dir).launched_spec().api_key,  # the next command's
-        teacher_launcher(config, tmp_path).spec.api_key,
+        teacher.spec.api_key,
     }
-    assert len(spec.api_key) == 43 and len(others) == 2 and spec.api_key not in others
+    assert len(backend.api_key) == 43 and len(others) == 2 and backend.api_key not in others
+    assert teacher.key_of(0) == server_key(teacher.spec.api_key, 0, 0) not in given
 
 
 def test_key_files_must_be_private_and_the_run_key_is_created_0600(tmp_path):

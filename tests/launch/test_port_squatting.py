@@ -221,7 +221,7 @@ class KeylessSpec(ServerSpec):
 def test_a_server_that_cannot_prove_the_key_is_never_healthy(tmp_path):
     launcher = ServerLauncher(KeylessSpec("unused", api_key=new_key()), 1, log_dir=tmp_path)
     try:
-        with pytest.raises(RelayError, match="without proving that it holds the run key"):
+        with pytest.raises(RelayError, match="without proving that it holds its key"):
             launcher.start()
         assert launcher.pids == []  # stopped
     finally:
@@ -321,7 +321,7 @@ def test_a_launched_vllm_server_serves_the_socket_the_launcher_bound(vllm_server
     from relayrl.launch.servers import UP, health_state
 
     url = vllm_server.urls[0]
-    assert health_state(url, vllm_server.spec.api_key) == UP
+    assert health_state(url, vllm_server.key_of(0)) == UP
     inode = listening_inode(int(url.rsplit(":", 1)[1]))
     assert f"socket:[{inode}]" in open_files()  # the launcher's copy of vLLM's socket
 

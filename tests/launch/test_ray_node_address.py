@@ -70,7 +70,7 @@ with backend.launcher(Path(out)) as launcher:
     tokens, version = asyncio.run(generate())
     argv = Path(f"/proc/{launcher.pids[0]}/cmdline").read_bytes().decode(errors="replace")
     print(json.dumps({"url": url, "unauth": unauth, "tokens": tokens, "version": version,
-                      "key_in_argv": backend.api_key in argv}))
+                      "key_in_argv": backend.api_key in argv or launcher.key_of(0) in argv}))
 """
 
 

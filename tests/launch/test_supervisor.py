@@ -83,6 +83,9 @@ class FakeLauncher:
     def node_of(self, i: int) -> str:
         return self.nodes[i]
 
+    def key_of(self, i: int) -> str | None:
+        return f"key of {self.urls[i]}"  # each server and restart its own
+
 
 class FakeClient:
     def __init__(self, launcher: FakeLauncher) -> None:
@@ -92,6 +95,7 @@ class FakeClient:
         self.loaded: list[tuple[str, str, int]] = []
         self.replaced: list[tuple[str, str]] = []
         self.calls: list[str] = []
+        self.keys: dict[str, str | None] = {}  # URL -> key given by set_key
 
     async def _check(self, urls: list[str]) -> None:
         """A hung server's request waits until it is killed (no client timeout would end it
@@ -133,6 +137,12 @@ class FakeClient:
 
     def replace_url(self, old: str, new: str) -> None:
         self.replaced.append((old, new))
+
+    def set_key(self, url: str, key: str | None) -> None:
+        self.keys[url] = key
+
+    def key_for(self, url: str) -> str | None:
+        return self.keys.get(url, self.api_key)
 
 
 # ---------------------------------------------------------------------------- the Protocols
@@ -316,9 +326,8 @@ def test_publication_modes_send_the_right_calls(mode, calls):
         weight_sync(ServerSupervisor(launcher, client, 3), "drain")
 
 
-def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
-    launcher, client, s = make()
-    client.api_key = "k"
+def every_server_proves_its_key(monkeypatch) -> list[tuple[str, str | None]]:
+    """Make every proof the supervisor asks for pass; the (URL, key) of each, in order."""
     asked: list[tuple[str, str | None]] = []
 
     def health_state(url: str, key: str | None, timeout: float) -> str:
@@ -326,6 +335,13 @@ def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
         return PROVEN
 
     monkeypatch.setattr(sup, "health_state", health_state)
+    return asked
+
+
+def test_transient_error_on_a_healthy_server_restarts_nothing(monkeypatch):
+    launcher, client, s = make()
+    client.api_key = "k"
+    asked = every_server_proves_its_key(monkeypatch)
     assert asyncio.run(s.recover("http://s0")) == "http://s0"
     assert s.restarts == 0 and asked == [("http://s0", "k")]
 
@@ -344,6 +360,30 @@ def test_a_server_that_answers_without_the_proof_of_the_key_gets_no_request_back
     assert "rollout server 0 (http://s0) answered GET /health without proving that it holds " in (
         capsys.readouterr().err
     )
+
+
+def test_a_replacement_is_sent_its_own_key_and_must_prove_that_one(monkeypatch):
+    """A restarted server holds a key of its own (docs/security.md): the client sends it
+    from the replacement's first request (its weights' load) on, and the proof asked of
+    the replacement after a later connection error is the proof of that key."""
+    launcher, client, s = make()
+    keys_at_load: list[str | None] = []
+    update_weights = client.update_weights
+
+    async def loading(model_path, version=None, urls=None, keep_kv=False):
+        keys_at_load.extend(client.key_for(url) for url in urls or [])
+        await update_weights(model_path, version, urls, keep_kv)
+
+    client.update_weights = loading
+    sync = weight_sync(s)
+    asyncio.run(publish(sync, "/w/v1", 1))
+    keys_at_load.clear()
+    launcher.dead.add("http://s0")
+    asyncio.run(s.recover("http://s0"))
+    assert keys_at_load == ["key of http://s0-r1"]  # the restart's load, with the new key
+    asked = every_server_proves_its_key(monkeypatch)
+    assert asyncio.run(s.recover("http://s0-r1")) == "http://s0-r1"
+    assert asked == [("http://s0-r1", "key of http://s0-r1")]
 
 
 def test_replacement_that_fails_to_start_is_retried_within_the_limit():

@@ -63,7 +63,7 @@ PUBLICATIONS = 12  # at most, in the interruption test (one after another while 
 def server(vllm_server):
     """The package's vLLM server over the tiny model (tests/launch/conftest.py): (url,
     launcher)."""
-    KEYS.update({url: vllm_server.spec.api_key for url in vllm_server.urls})
+    KEYS.update(vllm_server.url_keys())  # each server holds a key of its own
     return vllm_server.urls[0], vllm_server
 
 
@@ -529,7 +529,7 @@ def test_a_run_on_an_external_vllm_server(server, tmp_path, tiny_model_dir):
     from relayrl.train.run import run_train
 
     url, launcher = server
-    key = launcher.spec.api_key  # an external server's key: rollout.api_key (or the env)
+    key = launcher.key_of(0)  # an external server's key: rollout.api_key (or the env)
     result = run_train(short_run_config(tmp_path, tiny_model_dir, url, f"rollout.api_key={key}"))
     rows = [json.loads(ln) for ln in (tmp_path / "ext" / "metrics.jsonl").read_text().splitlines()]
     assert result.steps == 2 and [r["step"] for r in rows[:2]] == [1, 2]

@@ -99,7 +99,7 @@ def test_a_broadcast_publication_is_served_as_the_same_snapshot_from_disk(server
     new, newer = perturbed(policy, seed=11), perturbed(policy, seed=12)
 
     async def main():
-        async with VLLMClient([url], api_key=server.spec.api_key, timeout=120) as client:
+        async with VLLMClient([url], timeout=120, **server.client_keys()) as client:
             first = publisher.snapshot(ModelSource(new), tmp_path, 5)
             start = time.perf_counter()
             await publisher.load(client, first, "retract")
@@ -136,7 +136,7 @@ def test_a_server_that_never_joins_fails_within_the_deadline(server, policy, tmp
     signal_group(pid, signal.SIGSTOP)
 
     async def main():
-        async with VLLMClient([url], api_key=server.spec.api_key, timeout=120) as client:
+        async with VLLMClient([url], timeout=120, **server.client_keys()) as client:
             snapshot = publisher.snapshot(ModelSource(new), tmp_path, 3)
             start = time.monotonic()
             with pytest.raises(BroadcastError) as err:
@@ -170,13 +170,13 @@ def test_a_run_publishes_to_a_vllm_server_by_broadcast(server, tiny_model_dir, t
     from relayrl.train.run import run_train
 
     async def load_v0() -> None:  # the tests before left their weights on the server
-        async with VLLMClient(server.urls, api_key=server.spec.api_key) as client:
+        async with VLLMClient(server.urls, **server.client_keys()) as client:
             await client.update_weights(str(tiny_model_dir), version=0)
 
     asyncio.run(load_v0())
     overrides = ["train.weight_transport=broadcast", "train.broadcast_snapshot_every=2"]
     overrides += ["train.broadcast_timeout_s=60", "train.total_steps=3"]
-    overrides += [f"rollout.api_key={server.spec.api_key}"]
+    overrides += [f"rollout.api_key={server.key_of(0)}"]  # the key urls[0] holds
     result = run_train(short_run_config(tmp_path, tiny_model_dir, server.urls[0], *overrides))
     assert result.steps == 3 and result.summary["publications"] == 2
     assert result.summary["weight_transport"] == "broadcast"
@@ -207,7 +207,7 @@ def test_a_server_killed_mid_broadcast_fails_the_publication_then_rejoins_from_d
     publisher = BroadcastPublisher(DEADLINE_S, snapshot_every=1)
 
     async def main():
-        async with VLLMClient(server.urls, api_key=server.spec.api_key, timeout=120) as client:
+        async with VLLMClient(server.urls, timeout=120, **server.client_keys()) as client:
             victim_url, supervisor, loads = await kill_mid_broadcast_then_recover(
                 server, client, publisher, (perturbed(policy, seed=14), new), tmp_path, signal_group
             )

@@ -104,10 +104,10 @@ def publish_two(launcher, tiny_model_dir, tmp_path, listener):
     """Two adapter publications through the publication transaction (verify, and the canary
     at tolerance 1e-4 on both); the canaries, their largest |Δ| and the client's adapter."""
     publisher = make_publisher(TrainConfig(weight_transport="disk"))
-    key = launcher.spec.api_key
 
     async def main():
-        async with VLLMClient(launcher.urls, timeout=120, api_key=key, lora=True) as client:
+        keys = launcher.client_keys()
+        async with VLLMClient(launcher.urls, timeout=120, lora=True, **keys) as client:
             supervisor = ServerSupervisor(launcher, client, 0)
             canary = Canary(every=1, tolerance=1e-4)
             publication = WeightSync(supervisor, publisher, tmp_path / "w", listener, canary)
@@ -142,8 +142,8 @@ def test_adapter_publications_are_served_exactly(lora_server, tiny_model_dir, tm
     load_partial(trained, AdapterBase().merged_state(trained, read_adapter(snapshot)))
 
     async def main():
-        key = lora_server.spec.api_key
-        async with VLLMClient(lora_server.urls, timeout=120, api_key=key, lora=True) as client:
+        keys = lora_server.client_keys()
+        async with VLLMClient(lora_server.urls, timeout=120, lora=True, **keys) as client:
             outs = []
             for i, prompt in enumerate(prompts(4, seed=1)):
                 outs.append((prompt, await sample(client, prompt, i, True), trained))
@@ -204,8 +204,8 @@ def test_adapter_publications_interrupt_requests_exactly(
     base_dir = str(tiny_model_dir)
 
     async def go():
-        key = lora_server.spec.api_key
-        async with VLLMClient(lora_server.urls, timeout=120, api_key=key, lora=True) as client:
+        keys = lora_server.client_keys()
+        async with VLLMClient(lora_server.urls, timeout=120, lora=True, **keys) as client:
             await client.update_weights(base_dir, 0, keep_kv=mode == "keep")  # the base, v0
             tasks = submit(client, batch, params, grouped=False)
             for version in range(1, publications + 1):
@@ -242,7 +242,7 @@ def test_lora_rl_on_vllm(lora_server, tmp_path, tiny_model_dir, eta, mode):
     from relayrl.train.run import run_train
     from tests.train.conftest import parity_grader
 
-    url, key = lora_server.urls[0], lora_server.spec.api_key
+    url, key = lora_server.urls[0], lora_server.key_of(0)
     overrides = [f"rollout.eta={eta}", "train.total_steps=4", "train.publish_canary_every=1"]
     overrides += [f"rollout.api_key={key}", "model.lora.r=8", "algo.loss=decoupled"]
     overrides += ["train.publish_every=1", "optim.lr=0.02", "rollout.n_samples=4"]

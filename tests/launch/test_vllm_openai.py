@@ -43,7 +43,7 @@ def client(templated_dir, tmp_path_factory):
     with vllm_servers(templated_dir, logs, flags, "model.max_context=512") as launcher:
         with openai.OpenAI(
             base_url=f"{launcher.urls[0]}/v1",
-            api_key=launcher.spec.api_key,  # the run key: the OpenAI client sends it
+            api_key=launcher.key_of(0),  # the server's own key: the OpenAI client sends it
             max_retries=0,
             timeout=120,
         ) as oai:

@@ -99,11 +99,11 @@ def test_teacher_directory_starts_as_a_server_process(tmp_path, teacher_dir):
     try:
         url = launcher.start()[0]
         started = with_teacher_url(config, launcher)
-        assert started.distill.teacher == url and started.distill.api_key == launcher.spec.api_key
+        assert started.distill.teacher == url and started.distill.api_key == launcher.key_of(0)
         assert teacher_launcher(started, tmp_path) is None
 
         async def score():
-            async with RolloutClient(url, api_key=launcher.spec.api_key) as client:
+            async with RolloutClient(url, api_key=launcher.key_of(0)) as client:
                 return await client.input_logprobs([5, 6, 7], [[8, 9, 10]], 1.0)
 
         got = asyncio.run(score())[0]

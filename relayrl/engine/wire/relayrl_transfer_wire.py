@@ -172,8 +172,8 @@ class WireGroup:
     ) -> WireGroup:
         """Join (rank 0: host) group ``name``; blocks until all ``world_size`` ranks are in,
         :attr:`error` after ``timeout_s``. Rank 0 listens on ``master_address`` only (the
-        interface the group uses), and with a ``secret`` (the run's key, known to every
-        member) the group's keys in the store live under a name derived from it
+        interface the group uses), and with a ``secret`` (the trainer's, derived from the run
+        key and sent to each member in its join request) the group's keys in the store live under a name derived from it
         (:func:`store_prefix`), which a process without the secret cannot guess."""
         timeout = datetime.timedelta(seconds=timeout_s)
         store: dist.TCPStore | None = None

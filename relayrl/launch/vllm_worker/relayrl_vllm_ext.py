@@ -46,7 +46,6 @@ what the server samples from is exactly what was published.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -72,9 +71,11 @@ class RelayWeightLoader:
         world_size: int,
         group_name: str,
         timeout_s: float,
+        secret: str | None = None,
     ) -> dict:
         """Leave any group joined before, then join ``group_name`` as rank ``rank_offset``
-        (blocks until every rank is in, or ``timeout_s``)."""
+        (blocks until every rank is in, or ``timeout_s``); ``secret``: the trainer's
+        rendezvous secret (derived from the run key; never this server's own key)."""
         self.relayrl_leave_group()
         try:
             self._relayrl_group = WireGroup.join(
@@ -84,7 +85,7 @@ class RelayWeightLoader:
                 int(world_size),
                 group_name,
                 float(timeout_s),
-                os.environ.get("RELAYRL_API_KEY") or None,  # the run's key: the store's secret
+                secret or None,
             )
         except Exception as exc:  # noqa: BLE001 - reported to the trainer, see the docstring
             return {"success": False, "error": str(exc)}

@@ -223,7 +223,7 @@ class BroadcastPublisher(WeightPublisher):
 
         def host() -> None:
             group = TransferGroup.join(
-                address, port, 0, world_size, name, self.timeout_s, client.api_key
+                address, port, 0, world_size, name, self.timeout_s, client.transfer_secret
             )
             with handover:
                 if given_up.is_set():  # joined after the deadline: nobody will use it
@@ -242,6 +242,8 @@ class BroadcastPublisher(WeightPublisher):
                     "group_name": name,
                     "backend": "gloo",
                     "timeout_s": self.timeout_s,
+                    # the rendezvous secret (derived from the run key): no server key opens it
+                    "secret": client.transfer_secret,
                 },
             )
             for rank, url in enumerate(urls, start=1)
