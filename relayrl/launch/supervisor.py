@@ -3,7 +3,7 @@ weights it must serve, and let the client resubmit the requests it lost.
 
 Owns: :class:`ServerSupervisor` (restarts and the watchdog) and the three Protocols it is
 written against. Which weights the servers serve is not its business but
-``relayrl.sync.WeightSync``'s, which it sees only as :class:`ServedWeights`: on a restart it
+``relayrl.sync.weight_sync.WeightSync``'s, which it sees only as :class:`ServedWeights`: on a restart it
 asks it for the snapshot the replacement loads and tells it of the replacement; its
 watchdog asks it which servers a publication has kept paused too long. Everything that
 changes which weights the servers hold (a publication, a restart) runs under the
@@ -149,7 +149,7 @@ class SupervisedClient(Protocol):
 
 
 class ServedWeights(Protocol):
-    """Which weights the servers serve, as a restart needs it (``relayrl.sync.WeightSync``
+    """Which weights the servers serve, as a restart needs it (``relayrl.sync.weight_sync.WeightSync``
     implements it). Every method is called with :attr:`ServerSupervisor.lock` held, except
     the watchdog's two."""
 

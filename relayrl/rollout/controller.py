@@ -3,7 +3,7 @@ and hands complete, graded groups to the trainer in admission order.
 
 Owns: :func:`request_seed`, :func:`admission_capacity` (the bound), :func:`assign_advantages`,
 :class:`PublishedVersion` (the read-only view of the published version admission reads: a
-live run's ``relayrl.sync.VersionClock``, else :class:`OwnPublishedVersion`) and
+live run's ``relayrl.sync.clock.VersionClock``, else :class:`OwnPublishedVersion`) and
 :class:`RolloutController` (asyncio: admission loop, one task per group, reward shaping,
 DAPO filtering, batches with their advantages). What happens to one admitted prompt is the
 rollout workflow's (``relayrl.rollout.workflow``: by default its n samples generated in one
@@ -125,7 +125,7 @@ class AbortedSample(RuntimeError):
 
 class PublishedVersion(Protocol):
     """A read-only view of the newest weight version every rollout server serves (p of the
-    admission bound). A live run's is its ``relayrl.sync.VersionClock``, which only
+    admission bound). A live run's is its ``relayrl.sync.clock.VersionClock``, which only
     ``WeightSync`` moves: the controller reads it there and keeps no copy of its own."""
 
     @property

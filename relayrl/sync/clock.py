@@ -2,7 +2,7 @@
 
 Owns: :class:`VersionClock`. The trainer's version is the trainer's own count of updates
 (read from it, never copied); the published version, the newest one every rollout server
-serves, has exactly one writer, :class:`relayrl.sync.WeightSync`, which advances it when a
+serves, has exactly one writer, :class:`relayrl.sync.weight_sync.WeightSync`, which advances it when a
 publication has ended (loaded, verified and, when due, passed the canary) and then tells the
 rollout controller, whose admission bound moves up with it. The controller reads this same
 clock (as its ``relayrl.rollout.controller.PublishedVersion``) and keeps no copy.

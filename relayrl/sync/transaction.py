@@ -4,10 +4,10 @@
 Owns: :class:`Transaction` (one attempt: pause → load → verify → resume on every server,
 each step under a deadline, :func:`run_step`), :class:`PublishMode`
 (``train.publish_mode``), :class:`PauseWatch` (which servers a publication has paused, since
-when: the supervisor's watchdog has ``relayrl.sync.WeightSync`` resume one paused past the
+when: the supervisor's watchdog has ``relayrl.sync.weight_sync.WeightSync`` resume one paused past the
 deadline), :class:`Deadlines`, :class:`PublicationError`, :func:`snapshot_checksum` and
 :func:`remove_older_snapshots`. Who runs it, one publication after the other and around
-restarts, is :class:`relayrl.sync.WeightSync`.
+restarts, is :class:`relayrl.sync.weight_sync.WeightSync`.
 
 The transaction, for publication ``v``:
 

@@ -8,7 +8,7 @@ publisher snapshots: the trainer, or a bare model as :class:`ModelSource`),
 plugin's transport is one subclass and one registry line, docs/extending.md),
 :func:`make_publisher`, and the helpers that write held weights to disk.
 
-A publisher is used in two places, both ``relayrl.sync.WeightSync``'s: the trainer side calls
+A publisher is used in two places, both ``relayrl.sync.weight_sync.WeightSync``'s: the trainer side calls
 :meth:`WeightPublisher.snapshot` while the trainer is held (a consistent copy of the
 weights), then the publication transaction (``relayrl.sync.transaction.Transaction``, under
 the supervisor's lock) calls :meth:`WeightPublisher.transfer` as its load step

@@ -26,7 +26,7 @@ crashed server):
   snapshot every ``train.broadcast_snapshot_every`` publications (the first always). When a
   server must be restarted between two snapshots, the newest publication's held weights are
   written to disk then (:meth:`BroadcastPublisher.restart_snapshot`), so the replacement
-  starts at the newest version (``relayrl.sync.WeightSync``);
+  starts at the newest version (``relayrl.sync.weight_sync.WeightSync``);
 * a publication whose broadcast fails or times out on a server that still answers (a
   :class:`BroadcastError`) falls back to the disk: the held weights are written as this
   version's disk snapshot (unless it has one) and the servers that failed load it through

@@ -6,7 +6,7 @@ One module per piece:
   trainer, held-out splits, logger, the training loop; the final model and summary), and
   :class:`TrainResult`;
 - ``live``: :class:`LiveSource`, batches from the rollout servers (``relayrl train``), its
-  weights published through ``relayrl.sync.WeightSync``;
+  weights published through ``relayrl.sync.weight_sync.WeightSync``;
 - ``lagged``: :class:`LaggedSource`, lag emulation (``rollout.lag: fixed | uniform``);
 - ``recorded``: :class:`RecordedSource` and :func:`run_replay` (``--replay-from``);
 - ``rollout``: the rollout controller and grading pool live and lagged runs share;

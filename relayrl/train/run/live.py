@@ -7,7 +7,7 @@ feeder threads and the trainer, whose optimizer steps run in a worker thread so 
 loop keeps feeding the servers meanwhile.
 
 Publication every ``train.publish_every`` steps (at least every η + 1 steps, else the
-admission bound would starve the trainer) goes through :class:`relayrl.sync.WeightSync`,
+admission bound would starve the trainer) goes through :class:`relayrl.sync.weight_sync.WeightSync`,
 the one owner of which weights the servers serve (its ``VersionClock`` holds the published
 version; the controller's admission reads that same clock). Reliability
 (docs/reliability.md): checkpoints every ``train.checkpoint_every`` steps and on
