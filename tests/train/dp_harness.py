@@ -40,6 +40,9 @@ def main(spec_path: str) -> None:
         "optim.lr=1e-3",
         "optim.warmup_steps=0",
         "optim.micro_batch_tokens=64",
+        # one row per sample at every world size: the data-parallel split is what these
+        # tests compare (shared prompts' own equivalence: tests/train/test_shared_prompts.py)
+        "optim.share_prompts=false",
         *spec.get("overrides", []),
     )
     tokenizer = load_tokenizer(spec["model_dir"])
