@@ -427,7 +427,7 @@ class RolloutConfig(Section):
         exclude=True,  # never written to the run directory's config.yaml
         description="bearer key of rollout.server_urls (servers someone else started); "
         "prefer $RELAYRL_API_KEY or $RELAYRL_API_KEY_FILE. Launched servers always get a "
-        "fresh per-run key (docs/security.md)",
+        "key of their own, derived from a fresh run key (docs/security.md)",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     lag: Literal["async", "fixed", "uniform"] = Field(
