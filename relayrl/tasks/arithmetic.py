@@ -18,6 +18,7 @@ value stays in ``[0, max_value]``.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,6 +33,21 @@ def _label(index: int) -> str:
     """Step labels a, b, ..., z, then aa, ab, ... for very long chains."""
     letters = "abcdefghijklmnopqrstuvwxyz"
     return letters[index] if index < 26 else _label(index // 26 - 1) + letters[index % 26]
+
+
+@functools.cache
+def _ops_from(value: int, max_operand: int, max_value: int) -> tuple[tuple[str, int], ...]:
+    """The operations that keep ``value`` within ``[0, max_value]`` (drawn from per step, so
+    kept: a split of 20 000 problems asks for them about 80 000 times)."""
+    ops = []
+    for b in range(1, max_operand + 1):
+        if value + b <= max_value:
+            ops.append(("+", b))
+        if value - b >= 0:
+            ops.append(("-", b))
+        if b >= 2 and value * b <= max_value and value > 0:
+            ops.append(("*", b))
+    return tuple(ops)
 
 
 @dataclass
@@ -54,16 +70,8 @@ class ArithmeticTask(SyntheticTask):
             steps += 1
         return steps
 
-    def _valid_ops(self, value: int) -> list[tuple[str, int]]:
-        ops = []
-        for b in range(1, self.max_operand + 1):
-            if value + b <= self.max_value:
-                ops.append(("+", b))
-            if value - b >= 0:
-                ops.append(("-", b))
-            if b >= 2 and value * b <= self.max_value and value > 0:
-                ops.append(("*", b))
-        return ops
+    def _valid_ops(self, value: int) -> tuple[tuple[str, int], ...]:
+        return _ops_from(value, self.max_operand, self.max_value)
 
     def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
         start = rng.randint(1, self.max_value)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,6 +60,17 @@ class SyntheticTask(ABC):
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
         if split not in SPLITS:
             raise RelayError(f"unknown split {split!r}; expected one of {SPLITS}")
+        key = _cache_key(self, split, seed)
+        cached = _GENERATED.get(key) if key is not None else None
+        if cached is None or len(cached) < n:
+            cached = self._generate(split, n, seed)
+            if key is not None:
+                _remember(key, cached)
+        return list(cached[:n])
+
+    def _generate(self, split: str, n: int, seed: int) -> tuple[Problem, ...]:
+        """The first ``n`` problems of the split. Each problem depends only on those before
+        it, so the first k of n are the k asked alone: a longer list answers a shorter ask."""
         rng = random.Random(f"{self.name}/{seed}/{split}")
         threshold = int(self.test_fraction * 1000)
         seen: set[str] = set()
@@ -76,7 +89,7 @@ class SyntheticTask(ABC):
                 continue
             seen.add(key)
             out.append(problem)
-        return out
+        return tuple(out)
 
     @abstractmethod
     def _sample(self, rng: random.Random, problem_id: str) -> tuple[str, Problem]:
@@ -92,3 +105,25 @@ class SyntheticTask(ABC):
         """The demonstration as (text, written by the model) segments: a multi-turn task
         marks its environment's observations False so SFT does not train on them."""
         return [(self.demonstration(problem, rng, wrong), True)]
+
+
+# Generated splits, per process: a run asks for the same split several times (setup, SFT, the
+# evaluation sets, a check), and the 20 000 default train problems take about half a second
+# to draw. Only dataclass tasks are kept: their repr is their whole configuration. The key
+# holds the class itself, not its name: two user modules may define a task of one name.
+_Key = tuple[type, str, str, int]
+_GENERATED: OrderedDict[_Key, tuple[Problem, ...]] = OrderedDict()
+_GENERATED_KEEP = 8
+
+
+def _cache_key(task: SyntheticTask, split: str, seed: int) -> _Key | None:
+    if not dataclasses.is_dataclass(task):
+        return None
+    return (type(task), repr(task), split, seed)
+
+
+def _remember(key: _Key, problems: tuple[Problem, ...]) -> None:
+    _GENERATED[key] = problems
+    _GENERATED.move_to_end(key)
+    while len(_GENERATED) > _GENERATED_KEEP:
+        _GENERATED.popitem(last=False)

@@ -126,10 +126,11 @@ def test_no_network_and_scrubbed_environment(monkeypatch: pytest.MonkeyPatch, ba
     server.settimeout(0.2)
     port = server.getsockname()[1]
     accepted: list[object] = []
+    checked = threading.Event()  # the sandboxed programs are done: nothing more can connect
 
     def serve() -> None:
         deadline = time.monotonic() + 6
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not checked.is_set():
             try:
                 accepted.append(server.accept())
             except OSError:
@@ -154,6 +155,7 @@ def test_no_network_and_scrubbed_environment(monkeypatch: pytest.MonkeyPatch, ba
         assert shown.returncode == 0 and secret.encode() not in shown.stdout
         assert b"PATH" in shown.stdout
     finally:
+        checked.set()
         thread.join()
         server.close()
     assert accepted == []

@@ -15,7 +15,7 @@ TASKS = ["arithmetic", "countdown"]
 def test_generation_is_deterministic_by_seed(name):
     task = make_task(name)
     a = task.problems("train", 200, seed=5)
-    b = make_task(name).problems("train", 200, seed=5)
+    b = list(make_task(name)._generate("train", 200, seed=5))  # drawn again, not the cached
     c = task.problems("train", 200, seed=6)
     assert a == b
     assert [p.prompt for p in a] != [p.prompt for p in c]
@@ -23,6 +23,22 @@ def test_generation_is_deterministic_by_seed(name):
     assert [task.demonstration(p, rng1, True) for p in a[:50]] == [
         task.demonstration(p, rng2, True) for p in a[:50]
     ]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_a_split_is_drawn_once_per_process_and_a_longer_one_answers_a_shorter_ask(name):
+    drawn = make_task(name)._generate("train", 300, 7)
+    first = make_task(name).problems("train", 300, 7)
+    assert tuple(first) == drawn
+    # the prefix property the cache relies on: the first 120 of 300 are the 120 drawn alone
+    assert drawn[:120] == make_task(name)._generate("train", 120, 7)
+    assert make_task(name).problems("train", 120, 7) == first[:120]
+    first.clear()  # the caller's list is its own
+    assert make_task(name).problems("train", 300, 7) == list(drawn)
+    assert make_task(name).problems("test", 50, 7) != list(drawn[:50])  # the split is in the key
+    if name == "arithmetic":  # another configuration is another key
+        other = make_task(name, {"max_steps": 3}).problems("train", 300, 7)
+        assert [p.prompt for p in other] != [p.prompt for p in drawn]
 
 
 @pytest.mark.parametrize("name", TASKS)

@@ -65,10 +65,13 @@ def sft_model_dir(tmp_path_factory) -> Path:
             "sft.batch_size=32",
             "eval.num_problems=50",
             "eval.max_new_tokens=32",
-            "runtime.threads=1",
+            "runtime.threads=2",  # alone on the machine while it trains: both cores
         ],
     )
-    run_sft(config, progress=False)
+    try:
+        run_sft(config, progress=False)
+    finally:
+        torch.set_num_threads(1)  # tests/conftest.py's one thread per test process
     return out / "sft" / "sft_model"
 
 
