@@ -37,6 +37,7 @@ OWNED = [
     (schema.AlgoConfig, ControllerOptions, "CONTROLLER", CONTROLLER_ALGO),
     (schema.RolloutConfig, ControllerOptions, "CONTROLLER", ["temperature", "top_p"]),
     (schema.RolloutConfig, EngineOptions, "ENGINE", ["max_running_requests", "max_adapters"]),
+    (schema.RolloutConfig, EngineOptions, "ENGINE", ["share_prefill"]),
     (schema.ModelConfig, EngineOptions, "ENGINE", ["device", "dtype"]),
 ]
 

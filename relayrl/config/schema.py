@@ -377,6 +377,12 @@ class RolloutConfig(Section):
         "verified by the checksum of the trainer's weights rounded to this dtype and the "
         "logprob canary is off (train.publish_canary_every)",
     )
+    share_prefill: bool = Field(
+        ENGINE.share_prefill,
+        description="built-in servers prefill a group's prompt once and copy its KV to the "
+        "group's other samples (the same tokens and logprobs as prefilling each; false: "
+        "prefill each, for comparison)",
+    )
     max_adapters: int = Field(
         ENGINE.max_adapters,
         ge=1,

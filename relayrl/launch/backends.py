@@ -166,6 +166,7 @@ class BuiltinBackend(RolloutBackend):
             device=cfg.model.device,
             dtype=cfg.served_dtype,
             max_adapters=cfg.rollout.max_adapters,
+            share_prefill=cfg.rollout.share_prefill,
         )
 
     def client_class(self) -> type[RolloutClient]:

@@ -241,6 +241,7 @@ class ServerSpec:
     device: str = "cpu"
     dtype: str = "float32"
     max_adapters: int = 1  # LoRA adapter versions served at once (EngineOptions)
+    share_prefill: bool = True  # a group's prompt prefilled once (EngineOptions)
     kind = "relayrl serve"
     new_session = False  # one process, no children of its own
     port: int | None = None  # fixed first port (None: free ports)
@@ -260,6 +261,7 @@ class ServerSpec:
             max_running_requests=self.max_running_requests,
             max_seq_len=self.max_seq_len,
             max_adapters=self.max_adapters,
+            share_prefill=self.share_prefill,
         )
 
     def command(self, port: int) -> list[str]:

@@ -111,3 +111,16 @@ def test_a_group_prompt_is_prefilled_once_with_identical_results(make_engine, te
     assert u["prefill_tokens"] - s["prefill_tokens"] == (n - 1) * len(PROMPT)
     if temperature > 0:  # the samples of the group differ: each row has its own generator
         assert len({tuple(r.output_ids) for r in got[:n]}) > 1
+
+
+def test_rollout_share_prefill_reaches_the_servers_engine(tmp_path):
+    """``rollout.share_prefill`` (true by default) is the built-in servers' engine option."""
+    from relayrl.config.loader import load_config
+    from relayrl.launch.backends import make_backend
+
+    def options(*overrides: str):
+        config = load_config(None, [f"output_dir={tmp_path}", *overrides])
+        return make_backend(config, tmp_path).server_spec().engine_options()
+
+    assert options().share_prefill is True
+    assert options("rollout.share_prefill=false").share_prefill is False
