@@ -62,6 +62,8 @@ from relayrl.sync.transports.base import (
 )
 
 GROUP_PREFIX = "relayrl-w"
+# how long past its timeout_s a failed publication waits for this side's join to end
+JOIN_SLACK_S = 5.0
 
 
 class BroadcastError(RelayError):
@@ -219,12 +221,16 @@ class BroadcastPublisher(WeightPublisher):
         world_size = len(urls) + 1
         joined: dict[str, TransferGroup] = {}
         given_up = threading.Event()
+        host_done = threading.Event()
         handover = threading.Lock()
 
         def host() -> None:
-            group = TransferGroup.join(
-                address, port, 0, world_size, name, self.timeout_s, client.transfer_secret
-            )
+            try:
+                group = TransferGroup.join(
+                    address, port, 0, world_size, name, self.timeout_s, client.transfer_secret
+                )
+            finally:
+                host_done.set()
             with handover:
                 if given_up.is_set():  # joined after the deadline: nobody will use it
                     group.close()
@@ -261,6 +267,11 @@ class BroadcastPublisher(WeightPublisher):
                 late = joined.pop("group", None)
             if late is not None:
                 late.close()
+            # the error only once this side's join has ended (its own timeout_s, which the
+            # deadline has all but spent): until then its store is open, and a server resumed
+            # at once would rendezvous in the stale group and sit in gloo's connect while the
+            # next group forms without it
+            await asyncio.to_thread(host_done.wait, self.timeout_s + JOIN_SLACK_S)
             raise
         self.group, self._members = joined["group"], urls
         return self.group
