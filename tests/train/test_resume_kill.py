@@ -22,7 +22,8 @@ from relayrl.rollout.prompts import PromptLoader
 from relayrl.tasks.registry import make_task
 
 CLI = "import sys; from relayrl.cli import main; sys.exit(main(sys.argv[1:]))"
-TRIALS = int(os.environ.get("RELAYRL_KILL_TRIALS", "3"))  # every kind of fault at least once
+# 5: at 3 a run can end with no resume that restored a complete group (seen 2026-11-28)
+TRIALS = int(os.environ.get("RELAYRL_KILL_TRIALS", "5"))
 STEPS, B, N, ETA = max(12, 3 * TRIALS), 2, 2, 2  # each attempt trains 1-3 steps before its kill
 
 
