@@ -208,6 +208,10 @@ def test_local_and_ray_launchers_train_the_same_batches_at_eta0(cluster, tiny_mo
     assert all(bool((p == w_local[n]).all()) for n, p in w_ray)  # bitwise
 
 
+# 50 s (80 s under `make test`'s two workers); the local world-size-2 runs of
+# tests/train/test_fsdp.py give the same update as world size 1, and the servers' test above
+# runs Ray actors of this launcher: `pytest -m benchmark` runs this one
+@pytest.mark.benchmark
 def test_trainer_rank_1_runs_as_a_ray_actor_and_trains_as_the_local_rank_does(
     cluster, tiny_model_dir, tmp_path
 ):

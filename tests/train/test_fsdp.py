@@ -96,6 +96,9 @@ def test_split_over_ranks_balances_tokens_longest_first():
 
 
 # --------------------------------------------------------------------------- equivalence
+# 20 s; the D-ARL test below asserts the same update of world sizes 1 and 2 on a harder
+# case, and the resume at world size 2 below continues the plain run: `pytest -m benchmark`
+@pytest.mark.benchmark
 def test_world_size_2_gives_the_update_of_world_size_1(single, tiny_model_dir):
     tmp, one = single
     two = run_harness(tmp, "two", 2, model_dir=str(tiny_model_dir))
@@ -116,10 +119,13 @@ def test_world_size_2_matches_1_with_darl_replay_kl_and_minibatches(tmp_path, ti
     spec = {"model_dir": str(tiny_model_dir), "steps": 4, "overrides": DARL}
     one = run_harness(tmp_path, "darl1", 1, **spec)
     two = run_harness(tmp_path, "darl2", 2, **spec)
+    assert [s["micro_batches"] for s in two["stats"]] != [s["micro_batches"] for s in one["stats"]]
     assert_same_update(one, two)
     replayed = [s["replay_replayed"] for s in two["stats"]]
     assert replayed == [s["replay_replayed"] for s in one["stats"]] and sum(replayed) > 0
     assert all(s["optimizer_steps"] == 2 and s["kl_ref"] > 0 for s in two["stats"][1:])
+    log = (tmp_path / "darl2" / "trainer-rank1.log").read_text()
+    assert "trainer rank 1/2 ready (gloo" in log
 
 
 # 2 -> 1 goes through the same DCP resharding as 1 -> 2 (a benchmark, for the suite's time)

@@ -38,6 +38,22 @@ def adapters(weights: dict) -> dict:
     return {k: v for k, v in weights.items() if ".lora_" in k}
 
 
+def assert_only_adapters_trained(weights: dict, model_dir: Path) -> None:
+    """Every adapter present and trained; the base weights the model's, bit for bit."""
+    lora = adapters(weights)
+    assert len(lora) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 blocks
+    assert max(v.abs().max().item() for k, v in lora.items() if "lora_B" in k) > 1e-4
+    base = load_model(model_dir).state_dict()
+    for name, tensor in weights.items():
+        if ".lora_" not in name:
+            plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(tensor, base[plain]), name
+
+
+# 22 s; the resume from world size 2 below ends with the uninterrupted world-size-1 run's
+# adapters, so its first two steps at world size 2 gave them too, and it checks the base
+# and the rank's log as this one does: `pytest -m benchmark` runs this one
+@pytest.mark.benchmark
 def test_lora_world_size_2_gives_the_adapters_of_world_size_1(single, tiny_model_dir):
     tmp, one = single
     two = run_harness(tmp, "two", 2, model_dir=str(tiny_model_dir), overrides=LORA)
@@ -46,14 +62,7 @@ def test_lora_world_size_2_gives_the_adapters_of_world_size_1(single, tiny_model
     replayed = [s["replay_replayed"] for s in two["stats"]]
     assert replayed == [s["replay_replayed"] for s in one["stats"]] and sum(replayed) > 0
     assert all(s["optimizer_steps"] == 2 and s["kl_ref"] > 0 for s in two["stats"][1:])
-    lora = adapters(two["weights"])
-    assert len(lora) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 blocks
-    assert max(v.abs().max().item() for k, v in lora.items() if "lora_B" in k) > 1e-4
-    base = load_model(tiny_model_dir).state_dict()
-    for name, tensor in two["weights"].items():  # the base: the model's, bit for bit
-        if ".lora_" not in name:
-            plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-            assert torch.equal(tensor, base[plain]), name
+    assert_only_adapters_trained(two["weights"], tiny_model_dir)
     assert "trainer rank 1/2 ready (gloo" in (tmp / "two" / "trainer-rank1.log").read_text()
 
 
@@ -79,5 +88,8 @@ def test_lora_resume_at_another_world_size_matches_the_uninterrupted_run(
         assert "lora_A" in text and "exp_avg_sq" in text and "base_layer" not in text
     else:
         assert not any(f.startswith("shards/") for f in files)
+    if saved == 2:
+        assert "trainer rank 1/2 ready (gloo" in (tmp / name / "trainer-rank1.log").read_text()
     cont = run_harness(tmp, name, resumed, resume=True, **spec)
     assert_same_update(one, cont, steps=slice(2, None))
+    assert_only_adapters_trained(cont["weights"], tiny_model_dir)
