@@ -114,9 +114,19 @@ def encode_prompt(tokenizer, prompt: str, system_prompt: str | None = None) -> l
     the plain template (the prompt and a newline, after which the completion starts).
     ``system_prompt`` (``model.system_prompt``): a system message before the prompt, the
     template's system turn; without a template, a first paragraph."""
-    return tokenizer(prompt_text(tokenizer, prompt, system_prompt), add_special_tokens=False)[
-        "input_ids"
-    ]
+    text = prompt_text(tokenizer, prompt, system_prompt)
+    return leading_special_ids(tokenizer) + tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def leading_special_ids(tokenizer) -> list[int]:
+    """What a prompt without a chat template starts with: the BOS the tokenizer puts before
+    a text of its own accord (a base model's, e.g. Llama's or Gemma's, which it saw before
+    every pretraining document; Gemma 3 270M without it wrote no sense). A chat template
+    writes its own; a tokenizer that adds none (the tiny models') gets none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None or getattr(tokenizer, "chat_template", None):
+        return []
+    return [bos] if tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos] else []
 
 
 def prompt_text(tokenizer, prompt: str, system_prompt: str | None = None) -> str:

@@ -19,6 +19,7 @@ import torch
 from relayrl.config.schema import RunConfig
 from relayrl.models.loading import (
     check_model_path,
+    leading_special_ids,
     prefer_shape_agnostic_attention,
     prompt_text,
     quiet_libraries,
@@ -62,7 +63,8 @@ def encode_demonstrations(
     prompts = [prompt_text(tokenizer, prompt, system_prompt) for prompt, _ in demonstrations]
     texts = [text for _, segments in demonstrations for text, _ in segments]
     encoded = iter(tokenizer(prompts + texts, add_special_tokens=False)["input_ids"])
-    prompt_ids = [next(encoded) for _ in prompts]
+    lead = leading_special_ids(tokenizer)
+    prompt_ids = [lead + list(next(encoded)) for _ in prompts]
     examples = []
     for ids, (_, segments) in zip(prompt_ids, demonstrations, strict=True):
         ids = list(ids)
