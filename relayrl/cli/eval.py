@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per grade")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for generation")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="weights of the in-process engine (default: --config's rollout.dtype, else float32)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-running-requests", type=int, default=64)
     parser.add_argument(
@@ -165,6 +171,14 @@ def _max_context(args: argparse.Namespace, config) -> int | None:
             raise RelayError(f"--max-context must be >= 2, got {args.max_context}")
         return args.max_context
     return config.model.max_context if config is not None else None
+
+
+def _dtype(args: argparse.Namespace, config) -> str:
+    """``--dtype``, else what the ``--config``'s servers generate in (``rollout.dtype``, else
+    ``model.dtype``)."""
+    if args.dtype is not None:
+        return args.dtype
+    return config.served_dtype if config is not None else "float32"
 
 
 def cap_context(engine, max_context: int | None) -> None:
@@ -260,6 +274,7 @@ def _generation_engine(args: argparse.Namespace, config) -> Iterator:
 
     options = EngineOptions(
         device=args.device,
+        dtype=_dtype(args, config),
         max_running_requests=args.max_running_requests,
         max_seq_len=args.max_context,
     )

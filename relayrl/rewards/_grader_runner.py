@@ -8,7 +8,10 @@ imports the plugins (``RELAYRL_PLUGINS``) and looks the grader up once, says
 and dies (a grader's ``warm(problem)``, when it has one, runs first in the runner
 itself, on the trusted problem alone: reasoning-gym opens the dataset there once), so nothing the scorer (or the model text it evaluates) changes in its process
 reaches the next item. The reply is ``{"i": N, "reward": x, "info": {...}}``,
-``{"i": N, "raised": TypeName, "message": "..."}`` or ``{"i": N, "died": "..."}``.
+``{"i": N, "raised": TypeName, "message": "..."}`` or ``{"i": N, "died": "..."}``; a
+``warm`` that raises (the grader's own set-up, e.g. an import it cannot find) replies
+``{"i": N, "fatal": msg}`` and the runner ends: the host stops the run, since every item
+would score 0.
 
 The child refuses, by an audit hook, process creation, signals, sockets and
 opening files for writing outside the scratch ``/tmp``: defence in depth inside the sandbox, whose namespaces and
@@ -171,7 +174,11 @@ def main() -> None:
     warm = getattr(grader, "warm", None)  # trusted set-up from the problem alone
     for item in _lines(request_fd):
         if warm is not None:
-            warm(_problem(item))
+            try:
+                warm(_problem(item))
+            except Exception as exc:  # noqa: BLE001 - the grader cannot run here at all
+                _send(reply_fd, {"i": item["i"], "fatal": f"{type(exc).__name__}: {exc}"[:500]})
+                return
         reply = grade_in_child(grader, item, float(config["item_timeout_s"]))
         _send(reply_fd, {"i": item["i"], **reply})
 

@@ -83,8 +83,30 @@ def _environment() -> tuple[tuple[str, ...], list[str]]:
 
     package = Path(relayrl.__file__).resolve().parent
     binds = [sys.prefix, *(p for p in sys.path if "site-packages" in p), str(package)]
+    extra = _import_dirs()
     plugin_binds, path = _plugin_paths()
-    return tuple(dict.fromkeys([*binds, *plugin_binds])), [str(package.parent), *path]
+    return (
+        tuple(dict.fromkeys([*binds, *extra, *plugin_binds])),
+        [str(package.parent), *extra, *path],
+    )
+
+
+def _import_dirs() -> list[str]:
+    """The directories this interpreter imports from beyond its own prefix: ``PYTHONPATH``
+    and ``.pth`` entries (packages installed with ``pip --target``, say). The runner starts
+    with ``-I``, so without them a grader's imports (reasoning-gym's) fail in the sandbox.
+    The working directory is left out: it holds the run's files, not packages."""
+    cwd = os.getcwd()
+    prefixes = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix}]
+    dirs = []
+    for entry in sys.path:
+        if not entry or "site-packages" in entry or not os.path.isdir(entry):
+            continue
+        resolved = Path(entry).resolve()
+        if str(resolved) == cwd or any(resolved.is_relative_to(p) for p in prefixes):
+            continue
+        dirs.append(entry)
+    return dirs
 
 
 def _problem_json(problem: Problem) -> dict[str, Any]:
@@ -167,6 +189,12 @@ class IsolatedGrader:
         if reply.get("i") != item["i"]:
             self.close()
             return {"died": "the grading process replied out of turn"}
+        if "fatal" in reply:  # its set-up failed: every item would score 0
+            self.close()
+            raise SandboxUnavailable(
+                f"isolated grader {self.grader!r} could not set up problem "
+                f"{item['problem'].get('id')!r} in the sandbox: {reply['fatal']}"
+            )
         return reply
 
     def _hello(self, channel: _Channel) -> dict[str, Any]:

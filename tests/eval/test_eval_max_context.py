@@ -80,3 +80,32 @@ def test_a_context_below_two_tokens_is_one_error_line(tiny_model_dir, tmp_path, 
     code = run_eval(tiny_model_dir, "arithmetic", tmp_path / "x.jsonl", "--max-context", "1")
     assert code != 0
     assert capsys.readouterr().err.strip() == "error: --max-context must be >= 2, got 1"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [((), "bfloat16"), (("--dtype", "float32"), "float32")]
+)
+def test_the_configs_rollout_dtype_is_the_engines_unless_given(
+    tiny_model_dir, tmp_path, monkeypatch, given, expected
+):
+    """`relayrl eval --config` generates in what the config's servers generate in (the
+    SmolLM2 recipe's bf16), not float32 whatever the config says."""
+    import torch
+
+    from relayrl.engine.engine import Engine
+
+    built = []
+    real = Engine.from_pretrained.__func__
+
+    def spy(cls, path, options):
+        engine = real(cls, path, options)
+        built.append(next(engine.model.parameters()).dtype)
+        return engine
+
+    monkeypatch.setattr(Engine, "from_pretrained", classmethod(spy))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  path: {tiny_model_dir}\nrollout:\n  dtype: bfloat16\n")
+    argv = ["eval", "--config", str(config), "--data", "arithmetic", "--threads", "1"]
+    argv += ["--out", str(tmp_path / "e.jsonl"), "--limit", "2", "--max-new-tokens", "4", *given]
+    assert main(argv) == 0
+    assert built == [getattr(torch, expected)]

@@ -9,7 +9,11 @@ pool, as a run grades:
   it (before: every later answer of that worker scored 1.0);
 * a correct answer still scores 1;
 * a plugin's grader is sandboxed unless it declares itself safe;
-* a sandbox that cannot run the grader stops the batch with an error, never a 0.
+* a sandbox that cannot run the grader stops the batch with an error, never a 0;
+* a grader whose set-up (``warm``) fails in the sandbox stops the batch too (before: every
+  item scored 0 as ``scorer_died``: reasoning-gym installed on ``PYTHONPATH`` trained a
+  whole run on zero rewards);
+* packages this interpreter imports from ``PYTHONPATH`` are importable in the sandbox.
 """
 
 from __future__ import annotations
@@ -163,3 +167,44 @@ def test_both_sandbox_backends_hold_the_eval_payload(backend, tmp_path):
         )
     assert [r.reward for r in results] == [0.0, 1.0], results
     assert not marker.exists()
+
+
+SETUP_PLUGIN = textwrap.dedent(
+    """\
+    from relayrl.rewards.dispatch import register_grader
+
+    @register_grader("i48_needs_dep")
+    def needs_dep(problem, completion):
+        import i48_dep
+        return float(completion == i48_dep.VALUE), {}
+
+    def _warm(problem):
+        import i48_dep  # noqa: F401
+
+    needs_dep.warm = _warm
+    """
+)
+
+
+def _setup_plugin(tmp_path) -> Problem:
+    (tmp_path / "i48_setup_plugin.py").write_text(SETUP_PLUGIN)
+    os.environ[plugins.ENV] = json.dumps([str(tmp_path / "i48_setup_plugin.py")])
+    return Problem("p", "q", "a", grader="i48_needs_dep")
+
+
+def test_a_grader_that_cannot_set_up_in_the_sandbox_stops_the_batch(tmp_path, plugin_env):
+    problem = _setup_plugin(tmp_path)  # i48_dep is nowhere: its warm-up raises
+    with GradingPool(workers=1, timeout_s=120) as pool:
+        with pytest.raises(RelayError, match="could not set up problem 'p'.*i48_dep"):
+            pool.grade_batch([(problem, "forty-two")])
+
+
+def test_packages_on_pythonpath_are_importable_in_the_sandbox(tmp_path, plugin_env, monkeypatch):
+    deps = tmp_path / "deps"  # as `pip install --target deps` and PYTHONPATH=deps leave it
+    deps.mkdir()
+    (deps / "i48_dep.py").write_text("VALUE = 'forty-two'\n")
+    monkeypatch.syspath_prepend(str(deps))
+    problem = _setup_plugin(tmp_path)
+    with GradingPool(workers=1, timeout_s=120) as pool:
+        results = pool.grade_batch([(problem, "forty-two"), (problem, "seven")])
+    assert [(r.reward, r.status) for r in results] == [(1.0, "ok"), (0.0, "ok")], results
