@@ -13,10 +13,17 @@ from pathlib import Path
 
 import torch
 
-from relayrl.engine.wire.relayrl_transfer_wire import weights_checksum
+from relayrl.engine.wire.relayrl_transfer_wire import served_checksum, weights_checksum
 from relayrl.errors import RelayError
 
-__all__ = ["check_shapes", "load_into", "model_checksum", "read_state_dict", "weights_checksum"]
+__all__ = [
+    "check_shapes",
+    "load_into",
+    "model_checksum",
+    "read_state_dict",
+    "served_checksum",
+    "weights_checksum",
+]
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -63,7 +63,7 @@ import torch
 
 from relayrl.engine.adapter import is_adapter_snapshot, read_adapter
 from relayrl.engine.client import RolloutClient, RolloutServerError
-from relayrl.engine.weights import read_state_dict, weights_checksum
+from relayrl.engine.weights import read_state_dict, served_checksum
 from relayrl.errors import RelayError
 from relayrl.sync.transports.base import Snapshot, WeightPublisher
 
@@ -140,9 +140,7 @@ def snapshot_checksum(snapshot: Snapshot, served_dtype: torch.dtype | None = Non
         state = read_state_dict(snapshot.path)
     else:
         return None
-    if served_dtype is None:
-        return weights_checksum(state.items())
-    return weights_checksum((name, t.to(served_dtype)) for name, t in state.items())
+    return served_checksum(state.items(), served_dtype)
 
 
 def _retrieve(task: asyncio.Future) -> None:

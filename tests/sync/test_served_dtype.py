@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relayrl.config.loader import load_config
-from relayrl.engine.weights import load_into, model_checksum
+from relayrl.engine.weights import load_into, model_checksum, served_checksum
 from relayrl.errors import RelayError
 from relayrl.models.loading import load_model
 from relayrl.sync.transaction import snapshot_checksum
@@ -29,6 +29,8 @@ def test_the_checksum_of_a_bf16_server_is_of_the_rounded_weights(tiny_model_dir)
     load_into(server, state)
     snapshot = Snapshot(version=1, state=state)
     assert snapshot_checksum(snapshot, torch.bfloat16) == model_checksum(server)
+    # the rule a vLLM server applies to the fp32 tensors it is given (relayrl_vllm_ext)
+    assert served_checksum(state.items(), torch.bfloat16) == model_checksum(server)
     assert snapshot_checksum(snapshot) != model_checksum(server)  # fp32's would fail
     assert snapshot_checksum(snapshot) == model_checksum(trainer_model)
 

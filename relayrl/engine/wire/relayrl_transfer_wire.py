@@ -66,6 +66,18 @@ def weights_checksum(named) -> str:
     return digest.hexdigest()
 
 
+def served_checksum(named, dtype: torch.dtype | None = None) -> str:
+    """:func:`weights_checksum` of the tensors as a server holding its weights in ``dtype``
+    holds them: each floating tensor rounded to ``dtype`` first (None: as given). The
+    trainer's expected checksum of a publication and a server's checksum of what it loaded
+    (``rollout.dtype=bfloat16``: fp32 weights published, bf16 held) both go through here."""
+    if dtype is None:
+        return weights_checksum(named)
+    return weights_checksum(
+        (name, tensor.to(dtype) if tensor.is_floating_point() else tensor) for name, tensor in named
+    )
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     """The torch dtype called ``name`` (``float32`` or ``torch.float32``); ValueError else."""
     dtype = DTYPES.get(name.removeprefix("torch."))

@@ -23,7 +23,8 @@ Its methods are called through vLLM's ``POST /collective_rpc`` (``relayrl.engine
   the server's own filesystem, for the client to load as the served adapter before the first
   publication (relayrl.engine.vllm_client: every request names the adapter from the start).
 
-Every load reports ``checksum``: ``weights_checksum`` of the tensors it loaded, which
+Every load reports ``checksum``: ``served_checksum`` of the tensors it loaded, rounded to the
+model's dtype as loading rounds them (a bf16 server given fp32 weights), which
 relayrl's publication transaction compares with the trainer's (proof that the weights
 delivered are the ones published). A publication is received whole before anything is loaded, so a broadcast that fails midway
 (the trainer left the group, a deadline passed) leaves the served weights as they were. The
@@ -50,7 +51,7 @@ from typing import Any
 
 import torch
 from relayrl_peft_wire import write_peft
-from relayrl_transfer_wire import WireGroup, dtype_from_name, weights_checksum
+from relayrl_transfer_wire import WireGroup, dtype_from_name, served_checksum
 
 BASE_ADAPTER_MODULES = ("o_proj", "down_proj", "dense")  # unpacked projections vLLM adapts
 
@@ -181,7 +182,8 @@ class RelayWeightLoader:
     def _relayrl_reload(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """vLLM's in-place reload of ``state``, then the CPU GEMM rebuild; reports the
         checksum of the weights it loaded (the publisher compares it with the trainer's)."""
-        checksum = weights_checksum(state.items())
+        # of the tensors as this server holds them (rollout.dtype), the trainer's rule
+        checksum = served_checksum(state.items(), self.model_runner.model_config.dtype)
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         rebuilt = _rebuild_cpu_gemm(self.model_runner.get_model())
         return {"success": True, "rebuilt_cpu_gemm": rebuilt, "checksum": checksum}
