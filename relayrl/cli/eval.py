@@ -45,10 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="YAML",
         help="parameters of a synthetic --data task, as task.params takes them, e.g. "
-        "'{max_steps: 3, tail: 0.5}'",
+        "'{max_steps: 3, tail: 0.5}' (default: --config's task.params when --data is its "
+        "task)",
     )
     parser.add_argument(
-        "--task-seed", type=int, default=0, help="seed of a synthetic task's problems"
+        "--task-seed",
+        type=int,
+        default=None,
+        help="seed of a synthetic task's problems (default: --config's task.seed when --data "
+        "is its task, else 0)",
     )
     parser.add_argument(
         "--system-prompt",
@@ -121,7 +126,8 @@ def load_eval_problems(args: argparse.Namespace):
     if args.data in TASKS:
         _no_row_options(args)
         task = make_task(args.data, _task_params(args.task_params))
-        return task.problems("test", args.limit or 500, seed=args.task_seed)
+        seed = 0 if args.task_seed is None else args.task_seed
+        return task.problems("test", args.limit or 500, seed=seed)
     if args.task_params is not None:
         raise RelayError(
             f"--task-params: --data {args.data!r} is not a synthetic task "
@@ -129,6 +135,19 @@ def load_eval_problems(args: argparse.Namespace):
         )
     source = data_source(args)
     return load_source(source, FLAGS, "test", limit=args.limit, data_root=args.data_root)
+
+
+def _task_defaults(args: argparse.Namespace, config) -> None:
+    """``--data`` naming the ``--config``'s own task: its ``task.params`` and ``task.seed``
+    unless given, so the held-out problems are the ones the run evaluates on."""
+    import json
+
+    if config is None or args.data != config.task.name:
+        return
+    if args.task_params is None and config.task.params:
+        args.task_params = json.dumps(config.task.params)
+    if args.task_seed is None:
+        args.task_seed = config.task.seed
 
 
 def _no_row_options(args: argparse.Namespace) -> None:
@@ -301,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     args.max_context = _max_context(args, config)
     check_model_dir(args.model)
     tokenizer = load_tokenizer(args.model)
+    _task_defaults(args, config)
     problems = load_eval_problems(args)
     if not problems:
         raise RelayError(f"dataset {args.data!r} has no problems")

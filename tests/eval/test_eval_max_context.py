@@ -109,3 +109,32 @@ def test_the_configs_rollout_dtype_is_the_engines_unless_given(
     argv += ["--out", str(tmp_path / "e.jsonl"), "--limit", "2", "--max-new-tokens", "4", *given]
     assert main(argv) == 0
     assert built == [getattr(torch, expected)]
+
+
+def test_the_configs_own_task_gives_its_params_and_seed(tiny_model_dir, tmp_path):
+    """`relayrl eval --config run.yaml --data <its task>` evaluates the problems the run
+    holds out (before: the task's default parameters, 4-digit chain sums for the SmolLM2
+    recipe's 2-digit ones)."""
+    import argparse
+
+    from relayrl.cli.eval import _run_config, _task_defaults, add_arguments, load_eval_problems
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(
+        f"model:\n  path: {tiny_model_dir}\ntask:\n  name: arithmetic\n  seed: 7\n"
+        "  params: {max_steps: 3, max_value: 9}\n"
+    )
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def problems(*given: str):
+        argv = ["--config", str(config_file), "--data", "arithmetic", "--limit", "20", *given]
+        args = parser.parse_args(argv)
+        _task_defaults(args, _run_config(args))
+        return [p.prompt for p in load_eval_problems(args)]
+
+    task = make_task("arithmetic", {"max_steps": 3, "max_value": 9})
+    assert problems() == [p.prompt for p in task.problems("test", 20, seed=7)]
+    default = make_task("arithmetic").problems("test", 20, seed=0)
+    assert problems("--task-params", "{}", "--task-seed", "0") == [p.prompt for p in default]
