@@ -78,16 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", default=None, help="folder of the benchmark files")
     parser.add_argument("--workers", type=int, default=2, help="grading processes")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per grade")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for generation")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=("float32", "bfloat16", "float16"),
-        help="weights of the in-process engine (default: --config's rollout.dtype, else float32)",
-    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-running-requests", type=int, default=64)
+    add_in_process_engine_arguments(parser)
     parser.add_argument(
         "--server-url",
         action="append",
@@ -115,6 +107,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "$RELAYRL_API_KEY_FILE; prefer those: a command line is visible to other users)",
     )
     add_data_source_arguments(parser)
+
+
+def add_in_process_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the engine that generates in this process (not with --server-url)."""
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for generation")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="weights of the in-process engine (default: --config's rollout.dtype, else float32)",
+    )
+    parser.add_argument("--max-running-requests", type=int, default=64)
 
 
 def load_eval_problems(args: argparse.Namespace):
