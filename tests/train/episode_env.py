@@ -4,6 +4,7 @@ episode has environment tokens whatever the (random) model writes."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, replace
 
@@ -18,6 +19,7 @@ from relayrl.tasks.base import Problem
 from relayrl.tasks.registry import TASKS, register_task
 
 ENV, TASK = "test_three_turns", "test_three_turn_arithmetic"
+TOOL_CALL_S = 0.25
 
 
 class ThreeTurns(Environment):
@@ -32,6 +34,9 @@ class ThreeTurns(Environment):
         return ""
 
     async def step(self, turn: ModelTurn) -> StepResult:
+        # a slow tool call: episodes outlive a training step, so a kill cuts some mid-way
+        # (the tiny model alone finishes all it may admit before the checkpoint is written)
+        await asyncio.sleep(TOOL_CALL_S)
         self.turns += 1
         if self.turns == 3:
             return StepResult(done=True)
