@@ -1,6 +1,6 @@
 """What a run checks before it starts any process or writes into its run directory.
 
-Owns: :func:`check_run_inputs`. Every user input a run can check in this process, without
+Owns: :func:`check_run_inputs` and :func:`slow_bf16_warning`. Every user input a run can check in this process, without
 starting a server, a grading worker or a trainer rank, is checked here, so that a bad input
 ends in one ``error:`` line naming its key, and an earlier run under the same name is left
 exactly as it was (``relayrl.config.loader.claim_run_dir`` runs after this, the run
@@ -11,6 +11,10 @@ template), the train prompts of relayrl.train.run.setup, the loggers' and ranks'
 """
 
 from __future__ import annotations
+
+import sys
+
+import torch
 
 from relayrl.config.schema import RunConfig
 from relayrl.eval.sets import default_datasets, eval_problems
@@ -32,3 +36,32 @@ def check_run_inputs(config: RunConfig) -> None:
         eval_problems(config, make_task(config.task.name, config.task.params))
     check_loggers(config)
     check_trainer_ranks(config)
+    warning = slow_bf16_warning(config, cpu_has_fast_bf16())
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """oneDNN's own answer: bf16 kernels in hardware (AVX-512 BF16, AMX) or AVX-512. On an
+    AVX2-only CPU a bf16 matmul is emulated: 6.2x fp32's time on SmolLM2's MLP shape
+    (docs/real-model.md)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def slow_bf16_warning(config: RunConfig, fast_bf16: bool) -> str | None:
+    """Which bf16 settings will run slower than float32 on this CPU, or None."""
+    if fast_bf16 or not config.model.device.startswith("cpu"):
+        return None
+    keys = [f"rollout.dtype={config.served_dtype}"] if config.served_dtype == "bfloat16" else []
+    if config.train.mixed_precision == "bf16":
+        keys.append("train.mixed_precision=bf16")
+    if not keys:
+        return None
+    return (
+        f"{' and '.join(keys)} on a CPU without fast bf16 (no AVX-512 or AMX: "
+        f"{torch.backends.cpu.get_cpu_capability()}): bf16 is emulated and runs several times "
+        "slower than float32 here; add rollout.dtype=float32 train.mixed_precision=none"
+    )
