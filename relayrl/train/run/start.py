@@ -43,8 +43,8 @@ def check_run_inputs(config: RunConfig) -> None:
 
 def cpu_has_fast_bf16() -> bool:
     """oneDNN's own answer: bf16 kernels in hardware (AVX-512 BF16, AMX) or AVX-512. On an
-    AVX2-only CPU a bf16 matmul is emulated: 6.2x fp32's time on SmolLM2's MLP shape
-    (docs/real-model.md)."""
+    AVX2-only CPU a bf16 matmul is emulated: 6.2x fp32's time on SmolLM2's MLP shape, and
+    the recipe's evaluation 3.7x (docs/real-model.md)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a build without oneDNN
