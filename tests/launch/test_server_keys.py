@@ -107,13 +107,26 @@ def test_a_key_taken_from_one_server_opens_neither_the_other_nor_its_restart(
 class LeakedKeys:
     """From a thread, as from outside: after the run's first step, take server 0's key
     from its environment and kill -9 it; once its replacement proves its own key, try
-    every server's key on the others (``checks``)."""
+    every server's key on the others (``checks``). The run's servers are not stopped while
+    the checks talk to them (:meth:`hold_stop`): a fast run would otherwise end mid-check."""
 
     def __init__(self, run: Path, launched: list[ServerLauncher]) -> None:
         self.run, self.launched = run, launched
         self.checks: dict[str, bool] = {}
-        self.finished = threading.Event()
+        self.finished = threading.Event()  # the run is over: stop waiting
+        self.done = threading.Event()  # the thread has finished (checked, or given up)
         self.error: BaseException | None = None
+
+    def hold_stop(self, launcher: ServerLauncher) -> None:
+        """Make ``launcher.stop`` end any wait of this thread, then wait for its checks."""
+        stop = launcher.stop
+
+        def stop_after_the_checks() -> None:
+            self.finished.set()
+            self.done.wait(RUN_LIMIT_S)
+            stop()
+
+        launcher.stop = stop_after_the_checks
 
     def steps(self) -> int:
         try:
@@ -156,6 +169,8 @@ class LeakedKeys:
             }
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+        finally:
+            self.done.set()
 
 
 def test_a_run_trains_through_a_restart_with_a_key_per_server(
@@ -179,11 +194,12 @@ def test_a_run_trains_through_a_restart_with_a_key_per_server(
 
     def recording(self, run_dir):
         launcher = launch(self, run_dir)
+        leak.hold_stop(launcher)
         launched.append(launcher)
         return launcher
 
-    monkeypatch.setattr(RolloutBackend, "launcher", recording)
     leak = LeakedKeys(tmp_path / "run", launched)
+    monkeypatch.setattr(RolloutBackend, "launcher", recording)
     thread = threading.Thread(target=leak, daemon=True)
     thread.start()
     try:
