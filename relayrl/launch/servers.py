@@ -54,6 +54,7 @@ import hmac
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -308,6 +309,9 @@ class ServerLauncher:
     _stopping: threading.Event = field(default_factory=threading.Event)
     # server i's current incarnation: 0 at start, one more at each respawn (its key's)
     _incarnations: dict[int, int] = field(default_factory=dict)
+    # every server process's TMPDIR: what a killed server (or its workers) left in its
+    # temporary directory goes with the launcher's stop(), not into /tmp for good
+    _scratch: Path | None = None
 
     def __enter__(self) -> ServerLauncher:
         self.start()
@@ -338,6 +342,13 @@ class ServerLauncher:
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="relayrl-servers-"))
         return self.log_dir / f"server-{i}.log"
+
+    def scratch_dir(self) -> Path:
+        """The servers' temporary directory (0700, made on first use, removed by
+        :meth:`stop`)."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="relayrl-server-tmp-"))
+        return self._scratch
 
     def _command(self, port: int) -> list[str]:
         """A server's command line: the same for every server (it carries no key)."""
@@ -423,6 +434,7 @@ class ServerLauncher:
         env = dict(os.environ, **self.spec_for(i).environment(i))  # its own key
         env[PARENT_ENV] = str(os.getpid())
         env[LISTEN_FD_ENV] = str(sock.fileno())
+        env["TMPDIR"] = str(self.scratch_dir())
         with open(log, log_mode) as out:
             if log_mode == "a":
                 out.write(f"\n----- restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
@@ -638,6 +650,9 @@ class ServerLauncher:
             server.stop()
             engine.shutdown()
         self._threads.clear()
+        if self._scratch is not None:  # after every server process is gone
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 @dataclass

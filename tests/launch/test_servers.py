@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,29 @@ def test_stop_ends_a_stopped_server(launcher):
     launcher.stop()
     assert proc.returncode == -signal.SIGTERM  # SIGCONT let it take the SIGTERM
     assert time.monotonic() - start < 5  # not the 10 s wait before SIGKILL
+
+
+LITTERING_SERVER = (  # as a vLLM LoRA worker does: a private temporary directory, atexit only
+    "import tempfile; from pathlib import Path; "
+    "d = Path(tempfile.mkdtemp(prefix='relayrl-base-adapter-')); "
+    "(d / 'adapter_config.json').write_text('{}'); print('made', d, flush=True); " + FAKE_SERVER
+)
+
+
+def test_what_a_killed_server_left_in_its_temporary_directory_goes_with_stop(launcher, monkeypatch):
+    monkeypatch.setattr(launcher, "_command", lambda port: [sys.executable, "-c", LITTERING_SERVER])
+    start(launcher)
+    restart(launcher)  # the first incarnation is killed (-9): its atexit never ran
+    made = [
+        Path(line.split(" ", 1)[1])
+        for line in launcher._logs[0].read_text().splitlines()
+        if line.startswith("made ")
+    ]
+    scratch = launcher.scratch_dir()
+    assert len(made) == 2 and all(d.parent == scratch and d.is_dir() for d in made), made
+    assert scratch.stat().st_mode & 0o777 == 0o700
+    launcher.stop()
+    assert not scratch.exists() and not any(d.exists() for d in made)
 
 
 def test_telling_line_picks_the_exception_and_its_detail(tmp_path):

@@ -167,7 +167,8 @@ class RelayWeightLoader:
                 directory = getattr(self, "_relayrl_base_dir", None)
                 if directory is None:
                     # a fresh 0700 directory (never a predictable /tmp path another local
-                    # user could plant an adapter at), removed when the worker exits
+                    # user could plant an adapter at), removed when the worker exits; a
+                    # killed worker's goes with its launcher's TMPDIR (ServerLauncher.stop)
                     directory = Path(tempfile.mkdtemp(prefix="relayrl-base-adapter-"))
                     atexit.register(shutil.rmtree, directory, ignore_errors=True)
                     pairs = {name: (torch.zeros(1, int(sizes[0])), torch.zeros(int(sizes[1]), 1))}
