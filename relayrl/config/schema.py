@@ -17,6 +17,7 @@ from relayrl.algo.losses import Aggregation, ISLevel, ISMode, KLEstimator, LossC
 from relayrl.algo.params import ObjectiveParams, validate_params
 from relayrl.config.objectives import SEAMS, objective_keys, selected_params
 from relayrl.engine.types import EngineOptions
+from relayrl.models.precision import bf16_is_fast
 from relayrl.plugins import load_plugins
 from relayrl.registry import (
     DEFAULT_LAUNCHER,
@@ -368,11 +369,14 @@ class RolloutConfig(Section):
         gt=0,
         description="KV slots (concurrently decoded requests) per server",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(
         None,
         description="the rollout servers' weights (null = model.dtype): bfloat16 generates "
         "about 2× faster than float32 on a CPU with AVX-512 BF16 or AMX (docs/real-model.md) "
-        "while the trainer keeps model.dtype; behaviour logprobs then differ from the "
+        "and several times slower on one without (emulated); auto = bfloat16 where bf16 is "
+        "fast on model.device, else model.dtype, resolved when the config is loaded (the run "
+        "directory's config.yaml records the choice). The trainer keeps model.dtype; "
+        "behaviour logprobs then differ from the "
         "trainer's by the rounding (engine_trainer_kl_k3 at η = 0), publications are "
         "verified by the checksum of the trainer's weights rounded to this dtype and the "
         "logprob canary is off (train.publish_canary_every)",
@@ -816,12 +820,14 @@ class TrainConfig(Section):
     dist_timeout_s: float = Field(
         600.0, gt=0, description="how long a trainer collective may wait before failing"
     )
-    mixed_precision: Literal["none", "bf16"] = Field(
+    mixed_precision: Literal["none", "bf16", "auto"] = Field(
         "none",
         description="bf16 compute with fp32 weights, gradients and optimizer state: FSDP2's "
         "mixed precision at world_size > 1 (fp32 gradient reduction), bf16 autocast at "
         "world_size 1 (about 2× the training tokens/s of SmolLM2-135M on a CPU with AVX-512 "
-        "BF16, docs/real-model.md; logprobs then carry bf16 rounding). none: model.dtype",
+        "BF16, docs/real-model.md; logprobs then carry bf16 rounding). none: model.dtype. "
+        "auto: bf16 where bf16 is fast on model.device, else none (resolved at load, as "
+        "rollout.dtype=auto)",
     )
     activation_checkpointing: bool = Field(
         False,
@@ -1082,6 +1088,20 @@ class RunConfig(Section):
                     "algo.aggregation='token_mean'"
                 )
         return replay
+
+    @model_validator(mode="after")
+    def _resolve_auto_precision(self) -> RunConfig:
+        """rollout.dtype=auto and train.mixed_precision=auto: bf16 where it is fast on
+        model.device (relayrl.models.precision), else float32 compute."""
+        auto = (self.rollout.dtype == "auto", self.train.mixed_precision == "auto")
+        if not any(auto):
+            return self
+        fast = bf16_is_fast(self.model.device)
+        if auto[0]:
+            self.rollout.dtype = "bfloat16" if fast else self.model.dtype
+        if auto[1]:
+            self.train.mixed_precision = "bf16" if fast else "none"
+        return self
 
     @model_validator(mode="after")
     def _adapters_at_once(self) -> RunConfig:

@@ -149,9 +149,13 @@ def test_longtail_workload_settings(tmp_path):
     assert quick.steps <= 5 and quick.eval_problems <= 32 and quick.workload == "longtail"
 
 
-def test_smollm2_workload_is_the_recipe_with_the_benchmarks_budget(tmp_path, tiny_model_dir):
+def test_smollm2_workload_is_the_recipe_with_the_benchmarks_budget(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     from relayrl.bench.trl import SMOLLM2, run_config
 
+    # the recipe's precision is auto: bf16 on a CPU with fast bf16 (as here), else float32
+    monkeypatch.setattr("relayrl.config.schema.bf16_is_fast", lambda device: True)
     s = settings_from_args(_args(workload="smollm2"))
     assert s == SMOLLM2.full and s.config_file == "configs/smollm2.yaml"
     config = run_config(s, tmp_path, tiny_model_dir, "relayrl_async")

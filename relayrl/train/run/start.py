@@ -19,6 +19,7 @@ import torch
 from relayrl.config.schema import RunConfig
 from relayrl.eval.sets import default_datasets, eval_problems
 from relayrl.models.loading import check_model_path
+from relayrl.models.precision import cpu_has_fast_bf16
 from relayrl.train.distributed import check_trainer_ranks
 from relayrl.train.loggers import check_loggers
 from relayrl.train.run.setup import train_problems
@@ -39,16 +40,6 @@ def check_run_inputs(config: RunConfig) -> None:
     warning = slow_bf16_warning(config, cpu_has_fast_bf16())
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """oneDNN's own answer: bf16 kernels in hardware (AVX-512 BF16, AMX) or AVX-512. On an
-    AVX2-only CPU a bf16 matmul is emulated: 6.2x fp32's time on SmolLM2's MLP shape, and
-    the recipe's evaluation 3.7x (docs/real-model.md)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN
-        return False
 
 
 def slow_bf16_warning(config: RunConfig, fast_bf16: bool) -> str | None:
