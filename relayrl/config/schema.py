@@ -374,10 +374,9 @@ class RolloutConfig(Section):
         description="the rollout servers' weights (null = model.dtype): bfloat16 generates "
         "about 2× faster than float32 on a CPU with AVX-512 BF16 or AMX (docs/real-model.md) "
         "and several times slower on one without (emulated); auto = bfloat16 where bf16 is "
-        "fast on model.device, else model.dtype, resolved when the config is loaded (the run "
-        "directory's config.yaml records the choice). The trainer keeps model.dtype; "
-        "behaviour logprobs then differ from the "
-        "trainer's by the rounding (engine_trainer_kl_k3 at η = 0), publications are "
+        "fast on model.device (and no model.lora), else model.dtype, resolved when the config "
+        "is loaded (the run directory's config.yaml records the choice). The trainer keeps "
+        "model.dtype; behaviour logprobs then differ from the trainer's by the rounding (engine_trainer_kl_k3 at η = 0), publications are "
         "verified by the checksum of the trainer's weights rounded to this dtype and the "
         "logprob canary is off (train.publish_canary_every)",
     )
@@ -1097,8 +1096,9 @@ class RunConfig(Section):
         if not any(auto):
             return self
         fast = bf16_is_fast(self.model.device)
-        if auto[0]:
-            self.rollout.dtype = "bfloat16" if fast else self.model.dtype
+        if auto[0]:  # a LoRA run serves in model.dtype (_lora_supported)
+            bf16_served = fast and self.model.lora is None
+            self.rollout.dtype = "bfloat16" if bf16_served else self.model.dtype
         if auto[1]:
             self.train.mixed_precision = "bf16" if fast else "none"
         return self

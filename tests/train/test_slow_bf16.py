@@ -37,6 +37,13 @@ def test_the_recipes_auto_precision_follows_the_cpu(monkeypatch, fast, served, m
     assert (again.rollout.dtype, again.train.mixed_precision) == (served, mixed)
 
 
+def test_auto_serves_a_lora_run_in_the_models_dtype(monkeypatch) -> None:
+    """LoRA needs rollout.dtype = model.dtype (an explicit bfloat16 is refused): auto
+    serves it in model.dtype and still trains under bf16 autocast where bf16 is fast."""
+    lora = recipe(monkeypatch, True, "model.lora={r: 8}")
+    assert (lora.served_dtype, lora.train.mixed_precision) == ("float32", "bf16")
+
+
 def test_auto_asks_the_device_the_run_names(monkeypatch) -> None:
     asked: list[str] = []
     monkeypatch.setattr(
