@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.errors import RelayError
 from relayrl.eval.evaluate import BatchGrader, EvalReport
+from relayrl.heap import release_free_heap
 from relayrl.metric_names import (
     ELAPSED_S,
     EVAL_PASS_AT_1,
@@ -244,6 +245,8 @@ class TrainingLoop:
         self.logger.log_inspect(trainer.last_trained, trainer.last_prox, len(trajs), step, version)
         last_step = step == self.total_steps - 1
         after = await source.after_update(self.trainer.version, last_step)
+        # the step's and the publication's freed tensors back to the OS (relayrl.heap)
+        await asyncio.to_thread(release_free_heap)
         metrics: dict[str, Any] = {STEP: step + 1, VERSION: self.trainer.version}
         metrics.update(batch_metrics(trajs))
         metrics.update(stats)
