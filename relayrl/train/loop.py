@@ -234,8 +234,12 @@ class TrainingLoop:
 
     async def _one_step(self, step: int, source: BatchSource) -> dict[str, Any]:
         t0 = time.perf_counter()
+        # the last step's and publication's freed tensors go back to the OS while the batch
+        # is awaited, off the path from an update to its metrics row (relayrl.heap)
+        released = asyncio.ensure_future(asyncio.to_thread(release_free_heap))
         groups = await source.next_batch()
         t_wait = time.perf_counter() - t0
+        await released
         trajs = [t for g in groups for t in g]
         version = self.trainer.version
         stats = await asyncio.to_thread(self.trainer.train_step, groups)
@@ -245,8 +249,6 @@ class TrainingLoop:
         self.logger.log_inspect(trainer.last_trained, trainer.last_prox, len(trajs), step, version)
         last_step = step == self.total_steps - 1
         after = await source.after_update(self.trainer.version, last_step)
-        # the step's and the publication's freed tensors back to the OS (relayrl.heap)
-        await asyncio.to_thread(release_free_heap)
         metrics: dict[str, Any] = {STEP: step + 1, VERSION: self.trainer.version}
         metrics.update(batch_metrics(trajs))
         metrics.update(stats)
