@@ -6,7 +6,8 @@ in the middle of the heap stays with the process. An RL step's tensors change sh
 every batch, so the freed memory fragments: SmolLM2-135M's trainer held 3.7, 6.2, 9.2 and
 10.6 GB between its first four steps (peaks 6.3 → 13.7 GB) where about 2.5 GB were live.
 ``malloc_trim(0)`` returns the free pages of every arena; the trainer calls it after each
-step (``relayrl.train.loop``).
+step (``relayrl.train.loop``), a built-in server after each weight load
+(``relayrl.engine.engine``).
 
 Imports: nothing of relayrl.
 """

@@ -5,6 +5,6 @@ token-out route), the async rollout client and its vLLM variant, and the receivi
 weight transfers.
 
 Imports: torch, transformers, fastapi/uvicorn/httpx, safetensors, relayrl.models,
-relayrl.runkey, relayrl.errors; never relayrl.rewards or relayrl.report (its independent
+relayrl.runkey, relayrl.errors, relayrl.heap; never relayrl.rewards or relayrl.report (its independent
 siblings) nor any layer above.
 """

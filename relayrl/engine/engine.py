@@ -65,6 +65,7 @@ from relayrl.engine.types import (
 from relayrl.engine.versioned import VersionedAdapters
 from relayrl.engine.weights import check_shapes, model_checksum, read_state_dict
 from relayrl.errors import RelayError
+from relayrl.heap import release_free_heap
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -369,7 +370,10 @@ class Engine:
             adapter = read_adapter(source)  # a LoRA publication: merged into a copy (docs/lora.md)
             return self._call(self._apply_adapter, adapter, version, keep_kv)
         state = source if isinstance(source, Mapping) else read_state_dict(source)
-        return self._call(self._update_weights, state, version, keep_kv)
+        loaded = self._call(self._update_weights, state, version, keep_kv)
+        del state
+        release_free_heap()  # the read weights, freed after the copy (relayrl.heap)
+        return loaded
 
     def check_weight_shapes(self, shapes: Mapping[str, Sequence_[int]]) -> None:
         """RelayError unless ``shapes`` (name -> shape) matches the model's tensors: checked

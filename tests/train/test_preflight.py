@@ -234,3 +234,26 @@ def test_the_step_estimate_is_linear_through_the_two_measured_points():
     assert generation_estimate(2.0, 4, 3.5, 1) == 2.0
     assert generation_estimate(2.0, 4, 1.5, 16) == 2.0
     assert generation_estimate(2.0, 1, 0.0, 3) == 6.0  # nothing measured at once: serial
+
+
+def test_the_server_estimate_holds_a_whole_weight_load():
+    """A server reads a publication whole before copying it in: the trainer's trainable
+    tensors at their size (a tied embedding once), so a 3 × 4 fp32 matrix tied to the head
+    and a bf16 vector of 5 are 12 × 4 + 5 × 2 = 58 bytes; a frozen tensor is not published."""
+    import torch
+
+    from relayrl.train.preflight.context import CheckContext
+    from relayrl.train.preflight.live import _weight_load_bytes
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(3, 4)
+            self.head = torch.nn.Linear(4, 3, bias=False)
+            self.head.weight = self.embed.weight
+            self.norm = torch.nn.Parameter(torch.ones(5, dtype=torch.bfloat16))
+            self.frozen = torch.nn.Parameter(torch.ones(100), requires_grad=False)
+
+    ctx = CheckContext(load=lambda argv: None)  # type: ignore[arg-type,return-value]
+    ctx.model = Tied()
+    assert _weight_load_bytes(ctx) == 58

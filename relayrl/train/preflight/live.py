@@ -274,7 +274,8 @@ def check_memory(ctx: CheckContext) -> str:
     assert config is not None
     trainer = _trainer_peak(ctx)
     servers = [p for p in getattr(ctx.launcher, "pids", [])]
-    server = max((_tree_peak(p) for p in servers), default=0) + _kv_bytes(ctx)
+    measured = max((_tree_peak(p) for p in servers), default=0)
+    server = measured + _kv_bytes(ctx) + _weight_load_bytes(ctx)
     graders = [p for p in _children(os.getpid()) if p not in servers]
     grader = max((_rss_bytes(p, "VmHWM") for p in graders), default=0)
     n_servers = 0 if config.rollout.server_urls else config.rollout.num_servers
@@ -283,7 +284,7 @@ def check_memory(ctx: CheckContext) -> str:
     available = available_memory_bytes()
     detail = (
         f"trainer ≈ {trainer / MiB:.0f} MiB, server ≈ {server / MiB:.0f} MiB (KV at full load "
-        f"included) × {n_servers}, grader ≈ {grader / MiB:.0f} MiB × "
+        f"and a weight load included) × {n_servers}, grader ≈ {grader / MiB:.0f} MiB × "
         f"{config.rollout.reward_workers}: ≈ {total / MiB:.0f} MiB"
     )
     if available is None:
@@ -311,6 +312,17 @@ def _trainer_peak(ctx: CheckContext) -> int:
     batch = rollout.prompts_per_step * rollout.n_samples * per_sample
     scale = max(1.0, min(config.optim.micro_batch_tokens, batch) / group_tokens)
     return int(peak + max(0, peak - before) * (scale - 1))
+
+
+def _weight_load_bytes(ctx: CheckContext) -> int:
+    """A weight load's transient on a server: it reads a whole publication (the trainer's
+    trainable tensors as the trainer holds them; LoRA: the adapter) before copying it into
+    its model. The preflight's server never loads one, so its measured peak lacks it."""
+    model = getattr(ctx.trainer, "model", None) or ctx.model
+    if model is None:
+        return 0
+    # parameters() yields a tied tensor once, as a publication carries it
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def _kv_bytes(ctx: CheckContext) -> int:
