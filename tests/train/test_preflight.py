@@ -257,3 +257,26 @@ def test_the_server_estimate_holds_a_whole_weight_load():
     ctx = CheckContext(load=lambda argv: None)  # type: ignore[arg-type,return-value]
     ctx.model = Tied()
     assert _weight_load_bytes(ctx) == 58
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], 4 * 7 * 4),  # the canary's deep copy: every parameter, frozen ones too
+        (["train.publish_canary_every=0"], 0),
+        (["rollout.dtype=bfloat16"], 0),  # servers in another dtype: no canary
+    ],
+)
+def test_the_trainer_estimate_holds_the_canarys_copy_of_the_model(overrides, expected):
+    import torch
+
+    from relayrl.config.loader import load_config
+    from relayrl.train.preflight.context import CheckContext
+    from relayrl.train.preflight.live import _canary_bytes
+
+    model = torch.nn.Linear(7, 4, bias=False)
+    model.weight.requires_grad_(False)
+    config = load_config(None, ["train.publish_canary_every=10", *overrides])
+    ctx = CheckContext(load=lambda argv: config, config=config)
+    ctx.model = model
+    assert _canary_bytes(ctx) == expected

@@ -21,6 +21,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -311,7 +312,19 @@ def _trainer_peak(ctx: CheckContext) -> int:
     per_sample = len(ctx.prompt_ids) + rollout.max_new_tokens
     batch = rollout.prompts_per_step * rollout.n_samples * per_sample
     scale = max(1.0, min(config.optim.micro_batch_tokens, batch) / group_tokens)
-    return int(peak + max(0, peak - before) * (scale - 1))
+    return int(peak + max(0, peak - before) * (scale - 1)) + _canary_bytes(ctx)
+
+
+def _canary_bytes(ctx: CheckContext) -> int:
+    """The publication canary's reference: a whole copy of the trainer's model, held while
+    the trainer goes on with its next step (relayrl.sync.canary; off when the servers hold
+    another dtype). The preflight publishes nothing, so its measured peak lacks it."""
+    config = ctx.config
+    assert config is not None
+    if config.train.publish_canary_every <= 0 or config.served_dtype != config.model.dtype:
+        return 0
+    model = getattr(ctx.trainer, "model", None) or ctx.model
+    return 0 if model is None else _tensor_bytes(model.parameters())
 
 
 def _weight_load_bytes(ctx: CheckContext) -> int:
@@ -322,7 +335,11 @@ def _weight_load_bytes(ctx: CheckContext) -> int:
     if model is None:
         return 0
     # parameters() yields a tied tensor once, as a publication carries it
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return _tensor_bytes(p for p in model.parameters() if p.requires_grad)
+
+
+def _tensor_bytes(tensors: Iterable[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _kv_bytes(ctx: CheckContext) -> int:
