@@ -45,6 +45,7 @@ from relayrl.report.doctor import (
     MISMATCH_THRESHOLD,
     Finding,
     mismatch_levels,
+    mismatch_threshold,
     run_findings,
 )
 from relayrl.report.inspect import PAGE, build_inspector
@@ -109,9 +110,10 @@ def chart_reward_time(ax, logs: RunLogs) -> bool:
     return _lines(ax, logs, REWARD_SERIES, ELAPSED_S)
 
 
-def chart_mismatch(ax, logs: RunLogs) -> bool:
+def chart_mismatch(ax, logs: RunLogs, threshold: float = MISMATCH_THRESHOLD) -> bool:
     """The mismatch doctor: KL(μ ‖ π_v) per token staleness, fresh tokens (the
-    engine-vs-trainer mismatch) apart from the drift of stale ones, and the warning line."""
+    engine-vs-trainer mismatch) apart from the drift of stale ones, and the run's warning
+    line (``threshold``)."""
     levels = mismatch_levels(logs)
     if not levels:
         return False
@@ -119,7 +121,7 @@ def chart_mismatch(ax, logs: RunLogs) -> bool:
         xs, ys = logs.series(f"{MISMATCH_KL}{level}")
         label = "fresh tokens (s = 0): engine vs trainer" if level == 0 else f"s = {level}"
         ax.plot(xs, [max(y, 1e-18) for y in ys], label=label, marker="." if len(xs) < 40 else None)
-    ax.axhline(MISMATCH_THRESHOLD, color="red", linestyle=":", label="doctor's threshold")
+    ax.axhline(threshold, color="red", linestyle=":", label="doctor's threshold")
     ax.set_yscale("log")
     ax.set(
         title="mismatch doctor: KL(μ ‖ π_v) by token staleness s",
@@ -322,7 +324,9 @@ CHARTS: dict[str, Callable] = {
 }
 
 
-def draw_charts(logs: RunLogs, out_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+def draw_charts(
+    logs: RunLogs, out_dir: Path, config: dict | None = None
+) -> tuple[dict[str, Path], dict[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -330,7 +334,8 @@ def draw_charts(logs: RunLogs, out_dir: Path) -> tuple[dict[str, Path], dict[str
     from matplotlib.ticker import MaxNLocator
 
     charts, skipped = {}, {}
-    for name, draw in CHARTS.items():
+    drawers = {**CHARTS, "mismatch": partial(chart_mismatch, threshold=mismatch_threshold(config))}
+    for name, draw in drawers.items():
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
         try:
             if draw(ax, logs):
@@ -536,7 +541,7 @@ def build_report(run_dir: str | Path) -> Report:
     config = read_config(run)
     out = run / "report"
     out.mkdir(exist_ok=True)
-    charts, skipped = draw_charts(logs, out)
+    charts, skipped = draw_charts(logs, out, config)
     findings = run_findings(logs, config, (run / "train_summary.json").is_file())
     build_inspector(run)
     page = out / "index.html"

@@ -1,6 +1,7 @@
 """The report's findings: the mismatch doctor and the other warnings and failures of a run.
 
-Owns: :class:`Finding`, :data:`MISMATCH_THRESHOLD`, :func:`mismatch_levels`,
+Owns: :class:`Finding`, :data:`MISMATCH_THRESHOLD`, :func:`mismatch_threshold`,
+:func:`mismatch_levels`,
 :func:`fresh_mismatch` (per step, the engine-vs-trainer mismatch on fresh tokens),
 :func:`mismatch_finding` and :func:`run_findings` (every finding of a run, in the order
 the report shows them).
@@ -10,7 +11,9 @@ of KL(μ ‖ π_v) over the step's tokens of staleness s (``relayrl.algo.losses.
 mismatch_by_staleness``). Tokens of staleness 0 were sampled by the very weights the
 trainer holds, so their KL is numerics alone (about 1e-13 for the built-in engine in fp32);
 above :data:`MISMATCH_THRESHOLD` something other than staleness makes the engine and the
-trainer disagree. Runs logged before those columns existed fall back on
+trainer disagree. A run that rounds to 16 bits on purpose (bf16 rollout weights or bf16
+autocast in the trainer) measures ~2e-3 from the rounding alone, so its threshold is
+:data:`LOW_PRECISION_MISMATCH_THRESHOLD` (:func:`mismatch_threshold`). Runs logged before those columns existed fall back on
 ``engine_trainer_kl_k3`` (the same quantity, on the tokens of the trainer's version).
 
 Imports: the standard library, relayrl.metric_names and relayrl.report.logs.
@@ -31,9 +34,12 @@ from relayrl.metric_names import (
 )
 from relayrl.report.logs import RunLogs
 
-# fresh-token KL(μ ‖ π_v) in nats per token above which numerics are not the explanation
-# (fp32 engines measure ~1e-13; bf16 rollouts of a 135M model ~2e-3, docs/real-model.md)
+# fresh-token KL(μ ‖ π_v) in nats per token above which numerics are not the explanation:
+# fp32 on both sides measures ~1e-11 (SmolLM2-135M) down to ~1e-13 (the demo model); a bf16
+# server or bf16 autocast ~2e-3 on SmolLM2-135M (docs/real-model.md)
 MISMATCH_THRESHOLD = 1e-3
+LOW_PRECISION_MISMATCH_THRESHOLD = 1e-2
+LOW_PRECISION = ("bfloat16", "float16", "bf16", "fp16")
 MIN_TOKENS = 8  # a level averaged over fewer tokens is too noisy to warn on
 TRUNCATED_WARN = 0.5  # share of a run's samples cut at the token budget
 GRADING_ERRORS_WARN = 0.05  # share of a run's samples whose grading failed
@@ -100,11 +106,27 @@ def _stale_median(logs: RunLogs, level: int) -> float | None:
     return statistics.median(values) if values else None
 
 
+def mismatch_threshold(config: dict | None) -> float:
+    """The doctor's threshold for a run with this (resolved) config: the low-precision one
+    when the rollout weights (``rollout.dtype``, else ``model.dtype``) or the trainer's
+    compute (``model.dtype``, ``train.mixed_precision``) are 16-bit, else
+    :data:`MISMATCH_THRESHOLD`."""
+    config = config or {}
+    model, rollout, train = (config.get(k) or {} for k in ("model", "rollout", "train"))
+    settings = (model.get("dtype"), rollout.get("dtype"), train.get("mixed_precision"))
+    if any(value in LOW_PRECISION for value in settings):
+        return LOW_PRECISION_MISMATCH_THRESHOLD
+    return MISMATCH_THRESHOLD
+
+
 def mismatch_finding(
-    logs: RunLogs, config: dict | None = None, threshold: float = MISMATCH_THRESHOLD
+    logs: RunLogs, config: dict | None = None, threshold: float | None = None
 ) -> Finding | None:
-    """A warning when some step's fresh-token mismatch exceeds ``threshold``; None when
-    every step stays below it or none measured it."""
+    """A warning when some step's fresh-token mismatch exceeds ``threshold`` (default: the
+    run's, :func:`mismatch_threshold`); None when every step stays below it or none
+    measured it."""
+    if threshold is None:
+        threshold = mismatch_threshold(config)
     fresh = fresh_mismatch(logs)
     high = [(s, v) for s, v in fresh if v > threshold]
     if not high:

@@ -7,8 +7,9 @@ per node (how many are up; the others unanswered, restarting or down). When stdo
 terminal (a log file, a pipe, CI): the same status as one plain line every
 ``train.log_every`` steps and at the last step, with elapsed time and ETA. ``train.progress:
 false`` is quiet mode: nothing per step. The mismatch doctor's warning (fresh tokens'
-engine-vs-trainer KL above ``relayrl.report.doctor.MISMATCH_THRESHOLD``, which staleness
-cannot explain) is printed once, at the first step that shows it, as the report shows it.
+engine-vs-trainer KL above the run's threshold, ``relayrl.report.doctor.mismatch_threshold``:
+1e-3 in float32, 1e-2 where the run rounds to bf16 on purpose; staleness cannot explain it)
+is printed once, at the first step that shows it, as the report shows it.
 
 Owns: :class:`Dashboard`, :func:`status_line`, :func:`mismatch_warning`. Imports: tqdm
 (lazily), the train section of the config, the metric names, the doctor's threshold and
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from relayrl.config.schema import TrainConfig
+from relayrl.config.schema import RunConfig
 from relayrl.metric_names import (
     ELAPSED_S,
     ETA,
@@ -38,7 +39,7 @@ from relayrl.metric_names import (
     STEP,
     TRAIN_TOKENS_PER_S,
 )
-from relayrl.report.doctor import CAUSES, MIN_TOKENS, MISMATCH_THRESHOLD
+from relayrl.report.doctor import CAUSES, MIN_TOKENS, MISMATCH_THRESHOLD, mismatch_threshold
 
 # (metric key, label, format): shown in this order when the step logged the key
 FIELDS: list[tuple[str, str, str]] = [
@@ -73,18 +74,20 @@ def status_line(metrics: Mapping[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def mismatch_warning(metrics: Mapping[str, Any]) -> str | None:
+def mismatch_warning(
+    metrics: Mapping[str, Any], threshold: float = MISMATCH_THRESHOLD
+) -> str | None:
     """The doctor's one-line warning when this step's fresh (staleness 0) tokens disagree
-    between engine and trainer by more than the threshold, over enough tokens; else None."""
+    between engine and trainer by more than ``threshold``, over enough tokens; else None."""
     kl, tokens = metrics.get(MISMATCH_KL + "0"), metrics.get(MISMATCH_TOKENS + "0")
     if not isinstance(kl, (int, float)) or not isinstance(tokens, (int, float)):
         return None
-    if tokens < MIN_TOKENS or not kl > MISMATCH_THRESHOLD:
+    if tokens < MIN_TOKENS or not kl > threshold:
         return None
     return (
         f"warning: step {metrics.get(STEP)}: the engine and the trainer disagree on fresh "
         f"tokens (k3 KL {kl:.2e} over {int(tokens)} tokens of staleness 0, above "
-        f"{MISMATCH_THRESHOLD:g}): staleness cannot explain it; likely causes: "
+        f"{threshold:g}): staleness cannot explain it; likely causes: "
         + "; ".join(CAUSES)
         + " (docs/observability.md, the mismatch doctor)"
     )
@@ -122,8 +125,10 @@ class Dashboard:
         enabled: bool = True,
         log_every: int = 10,
         stream: TextIO | None = None,
+        mismatch_threshold: float = MISMATCH_THRESHOLD,
     ) -> None:
         self.total = total_steps
+        self.mismatch_threshold = mismatch_threshold
         self.enabled = enabled
         self.log_every = log_every
         self.stream = stream if stream is not None else sys.stdout
@@ -140,8 +145,12 @@ class Dashboard:
             self._status = tqdm(total=0, position=1, bar_format="{desc}", **common)
 
     @classmethod
-    def from_config(cls, train: TrainConfig) -> Dashboard:
-        return cls(train.total_steps, train.progress, train.log_every)
+    def for_run(cls, config: RunConfig, total_steps: int) -> Dashboard:
+        """The dashboard of a run: ``train.progress`` and ``train.log_every``, and the
+        mismatch threshold of the run's precision."""
+        threshold = mismatch_threshold(config.model_dump(mode="json"))
+        train = config.train
+        return cls(total_steps, train.progress, train.log_every, mismatch_threshold=threshold)
 
     def update(self, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:
@@ -159,7 +168,9 @@ class Dashboard:
             print(self._plain_line(step, shown), file=self.stream, flush=True)
 
     def _warn_mismatch(self, metrics: Mapping[str, Any]) -> None:
-        warning = None if self.warned_mismatch else mismatch_warning(metrics)
+        if self.warned_mismatch:
+            return
+        warning = mismatch_warning(metrics, self.mismatch_threshold)
         if warning is None:
             return
         self.warned_mismatch = True

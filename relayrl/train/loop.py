@@ -195,7 +195,7 @@ class TrainingLoop:
     async def run(self, source: BatchSource, first_step: int = 0) -> dict[str, Any] | None:
         """Train from ``first_step``; returns the final evaluation (None for 0 steps)."""
         cfg = self.config.train
-        dashboard = Dashboard(self.total_steps, cfg.progress, cfg.log_every)
+        dashboard = Dashboard.for_run(self.config, self.total_steps)
         self.steps_done = first_step
         start = last = time.perf_counter()
         try:

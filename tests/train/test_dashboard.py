@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+from relayrl.config.loader import load_config
 from relayrl.train.dashboard import Dashboard, clock, status_line
 
 
@@ -126,3 +127,21 @@ def test_the_mismatch_doctor_warns_once_at_the_first_step_that_shows_it(capsys):
         live.update(row)
     live.close()
     assert term.getvalue().count("warning: step 2:") == 1
+
+
+def test_a_bf16_run_warns_above_its_own_rounding_only(capsys):
+    """A run that serves bf16 weights measures ~2e-3 on fresh tokens from the rounding it
+    chose: its dashboard warns above 1e-2, a float32 run's above 1e-3."""
+    rows = list(steps(2))
+    rows[0].update(mismatch_kl_k3_s0=1.8e-3, mismatch_tokens_s0=1700)
+    rows[1].update(mismatch_kl_k3_s0=3e-2, mismatch_tokens_s0=1700)
+    settings = ["train.progress=true", "train.log_every=0", "train.total_steps=2"]
+    bf16 = load_config(None, [*settings, "rollout.dtype=bfloat16", "train.mixed_precision=bf16"])
+    fp32 = load_config(None, [*settings, "rollout.dtype=float32", "train.mixed_precision=none"])
+    for config, warned_at in ((bf16, 2), (fp32, 1)):
+        dashboard = Dashboard.for_run(config, 2)
+        dashboard.stream = io.StringIO()
+        for row in rows:
+            dashboard.update(row)
+        [warning] = capsys.readouterr().err.splitlines()
+        assert warning.startswith(f"warning: step {warned_at}: the engine and the trainer")
