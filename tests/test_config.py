@@ -34,6 +34,17 @@ def test_unknown_key_suggests_nearest(tmp_path):
         load_config(path)
 
 
+def test_a_removed_key_says_where_its_meaning_went(tmp_path):
+    """task.test_size never set the held-out size (eval.num_problems did): SmolLM2's recipe
+    set it to 200 and compared 200 problems before training with 500 after."""
+    with pytest.raises(RelayError, match=r"'task.test_size' was removed: .*eval.num_problems"):
+        load_config(None, ["task.test_size=200"])
+    path = tmp_path / "run.yaml"
+    path.write_text("task:\n  name: arithmetic\n  test_size: 200\n")
+    with pytest.raises(RelayError, match=r"run.yaml:3: config key 'task.test_size' was removed"):
+        load_config(path)
+
+
 def test_wrong_type_names_key_value_and_type(tmp_path):
     with pytest.raises(RelayError) as err:
         load_config(None, ["sft.lr=abc"])

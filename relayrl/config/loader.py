@@ -68,9 +68,20 @@ def _suggest(key: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+# keys that no longer exist -> where their meaning went
+REMOVED_KEYS = {
+    "task.test_size": "it never set anything; the held-out problems are eval.num_problems "
+    "(the final evaluation) and the first train.eval_problems of them (each periodic one)",
+}
+
+
 def _check_keys(data: dict, schema: type[BaseModel], prefix: str, where) -> None:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
+        if dotted in REMOVED_KEYS:
+            raise RelayError(
+                f"{where(dotted)}config key '{dotted}' was removed: {REMOVED_KEYS[dotted]}"
+            )
         field = section_fields(schema).get(key) if isinstance(key, str) else None
         if field is None:
             raise RelayError(f"{where(dotted)}unknown config key '{dotted}'{_suggest(dotted)}")

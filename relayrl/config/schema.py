@@ -65,7 +65,6 @@ class TaskConfig(Section):
     )
     seed: int = Field(0, description="seed of problem generation (splits are disjoint)")
     train_size: int = Field(20000, gt=0, description="train problems generated")
-    test_size: int = Field(500, gt=0, description="held-out problems used for evaluation")
 
     @field_validator("name")
     @classmethod

@@ -162,11 +162,9 @@ def test_smollm2_workload_is_the_recipe_with_the_benchmarks_budget(
     # the recipe's task, optimizer and precision (configs/smollm2.yaml) ...
     assert config.task.name == "reasoning_gym" and config.task.params["dataset"] == "chain_sum"
     assert config.task.params["extract"] == ["tag", "hash", "last_number"]
-    assert (config.optim.lr, config.rollout.dtype, config.train.mixed_precision) == (
-        1e-5,
-        "bfloat16",
-        "bf16",
-    )
+    assert (config.rollout.dtype, config.train.mixed_precision) == ("bfloat16", "bf16")
+    # ... the optimizer its figures were measured with (lr 1e-5, constant) ...
+    assert (config.optim.lr, config.optim.schedule) == (1e-5, "constant")
     # ... with the benchmark's budget, its model and one evaluator for every side
     assert (config.train.total_steps, config.rollout.max_new_tokens) == (20, 40)
     assert config.model.path == str(tiny_model_dir) and config.eval.backend == "trainer"
