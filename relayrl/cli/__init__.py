@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from relayrl.heap import bound_kernel_caches
     from relayrl.models.loading import quiet_libraries
 
     quiet_libraries()  # relayrl prints its own progress: no library bars in any command
+    bound_kernel_caches()  # before any bf16 product; the processes a command starts inherit it
     args = build_parser().parse_args(argv)
     try:
         from relayrl.plugins import load_plugins, load_plugins_from_env

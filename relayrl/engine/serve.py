@@ -95,12 +95,14 @@ def serve_main(options: ServeOptions) -> int:
 
     from relayrl.engine.engine import Engine
     from relayrl.engine.server import serve
+    from relayrl.heap import bound_kernel_caches
 
     sock = None
     if options.listen_fd is not None:
         sock = socket.socket(fileno=options.listen_fd)
         sock.set_inheritable(False)  # no process this one starts gets the port
     torch.set_num_threads(options.threads)
+    bound_kernel_caches()  # a server started by Ray or Slurm, not by relayrl's CLI
     engine = Engine.from_pretrained(options.model, options.engine)
     try:
         check_generates(engine)
