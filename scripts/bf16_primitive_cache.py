@@ -14,7 +14,10 @@ trimmed after every step (``malloc_trim``), and prints each one's resident-memor
 seconds. Last line ``bf16_default_growth_mb=X``.
 
 It is the probe behind docs/real-model.md's note on the bf16 recipe's memory: without the
-trim the growth would hide under the heap's; with it, what remains is the caches'.
+trim the growth would hide under the heap's; with it, what remains is the caches'. relayrl's
+processes now cap both caches (``relayrl.heap.bound_kernel_caches``, 128 entries); this
+script sets them per variant (the caller's settings dropped) and does not go through
+relayrl's CLI.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import time
 
+CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 VARIANTS = {
     "bf16, default caches": {},
     "bf16, caches of 64": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"},
@@ -80,7 +84,7 @@ def main() -> None:
     for name, env in VARIANTS.items():
         out = subprocess.run(
             [sys.executable, __file__, "--child", "--steps", str(steps)],
-            env={**os.environ, **env},
+            env={**{k: v for k, v in os.environ.items() if k not in CACHE_ENV}, **env},
             capture_output=True,
             text=True,
             check=True,
