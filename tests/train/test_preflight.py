@@ -280,3 +280,25 @@ def test_the_trainer_estimate_holds_the_canarys_copy_of_the_model(overrides, exp
     ctx = CheckContext(load=lambda argv: config, config=config)
     ctx.model = model
     assert _canary_bytes(ctx) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "trainer", "server"),
+    [
+        (["rollout.dtype=float32", "train.mixed_precision=none"], 0, 0),
+        (["rollout.dtype=bfloat16", "train.mixed_precision=none"], 0, 128),
+        (["rollout.dtype=float32", "train.mixed_precision=bf16"], 128, 0),
+        (["model.dtype=bfloat16", "train.mixed_precision=none"], 128, 128),
+    ],
+)
+def test_bf16_processes_on_a_cpu_hold_room_for_their_capped_kernel_caches(
+    overrides, trainer, server
+):
+    from relayrl.config.loader import load_config
+    from relayrl.heap import KERNEL_CACHE_ENTRIES
+    from relayrl.train.preflight.live import kernel_cache_bytes
+
+    assert KERNEL_CACHE_ENTRIES == 128  # the allowance is 1 MiB per entry
+    config = load_config(None, ["model.device=cpu", *overrides])
+    assert kernel_cache_bytes(config, trainer=True) == trainer * 2**20
+    assert kernel_cache_bytes(config, trainer=False) == server * 2**20

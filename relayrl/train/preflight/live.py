@@ -273,10 +273,12 @@ def check_memory(ctx: CheckContext) -> str:
 
     config = ctx.config
     assert config is not None
-    trainer = _trainer_peak(ctx)
+    trainer = _trainer_peak(ctx) + kernel_cache_bytes(config, trainer=True)
     servers = [p for p in getattr(ctx.launcher, "pids", [])]
     measured = max((_tree_peak(p) for p in servers), default=0)
     server = measured + _kv_bytes(ctx) + _weight_load_bytes(ctx)
+    if config.rollout.engine == "builtin":
+        server += kernel_cache_bytes(config, trainer=False)
     graders = [p for p in _children(os.getpid()) if p not in servers]
     grader = max((_rss_bytes(p, "VmHWM") for p in graders), default=0)
     n_servers = 0 if config.rollout.server_urls else config.rollout.num_servers
@@ -298,6 +300,23 @@ def check_memory(ctx: CheckContext) -> str:
             "or model.max_context, or use a smaller model",
         )
     return f"{detail} of {room / MiB:.0f} MiB available"
+
+
+def kernel_cache_bytes(config: Any, trainer: bool) -> int:
+    """The bf16 kernel caches a CPU process fills after the preflight's few shapes: at most
+    ``relayrl.heap.KERNEL_CACHE_ENTRIES`` primitives each, about 1 MiB apiece on SmolLM2's
+    products (``scripts/bf16_primitive_cache.py``: 120 MiB over 300 new shapes of a
+    576 × 4096 bf16 product with both caches at 128 entries). 0 where the process computes in
+    float32 or off the CPU."""
+    from relayrl.heap import KERNEL_CACHE_ENTRIES
+
+    if not str(config.model.device).startswith("cpu"):
+        return 0
+    if trainer:
+        bf16 = config.train.mixed_precision == "bf16" or config.model.dtype == "bfloat16"
+    else:
+        bf16 = config.served_dtype == "bfloat16"
+    return KERNEL_CACHE_ENTRIES * MiB if bf16 else 0
 
 
 def _trainer_peak(ctx: CheckContext) -> int:
