@@ -24,10 +24,13 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.train.preflight.context import CheckContext
 from relayrl.train.preflight.runner import CheckFailed
+
+if TYPE_CHECKING:
+    from relayrl.config.schema import RunConfig
 
 CONCURRENT_GROUPS = 4  # groups generated at once to see how generation scales with load
 CHECK_TOKENS = 64  # the longest completion the check samples (rollout.max_new_tokens if less)
@@ -302,7 +305,7 @@ def check_memory(ctx: CheckContext) -> str:
     return f"{detail} of {room / MiB:.0f} MiB available"
 
 
-def kernel_cache_bytes(config: Any, trainer: bool) -> int:
+def kernel_cache_bytes(config: RunConfig, trainer: bool) -> int:
     """The bf16 kernel caches a CPU process fills after the preflight's few shapes: at most
     ``relayrl.heap.KERNEL_CACHE_ENTRIES`` primitives each, about 1 MiB apiece on SmolLM2's
     products (``scripts/bf16_primitive_cache.py``: 120 MiB over 300 new shapes of a
