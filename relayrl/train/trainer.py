@@ -303,6 +303,14 @@ class RLTrainer:
         ]
         return [_collate(trajs, idx, self.pad_id, device, self.sharing) for idx in plan]
 
+    def micro_batch_positions(self, trajs: Sequence[Trajectory]) -> list[int]:
+        """The token positions each micro-batch's forward pass computes, padding included
+        (a packed row once per prompt): what its activations grow with."""
+        return [
+            (mb.packed.input_ids if mb.packed is not None else mb.input_ids).numel()
+            for mb in self._micro_batches(trajs)
+        ]
+
     def traj_logprobs(
         self,
         model: torch.nn.Module,

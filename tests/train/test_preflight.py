@@ -302,3 +302,60 @@ def test_bf16_processes_on_a_cpu_hold_room_for_their_capped_kernel_caches(
     config = load_config(None, ["model.device=cpu", *overrides])
     assert kernel_cache_bytes(config, trainer=True) == trainer * 2**20
     assert kernel_cache_bytes(config, trainer=False) == server * 2**20
+
+
+@pytest.mark.parametrize(
+    ("overrides", "prompt", "shared", "expected"),
+    [
+        # 8 prompts × 8 samples of 100 + 40 tokens: the budget binds either way
+        (["optim.micro_batch_tokens=2048"], 100, True, 2048),
+        (["optim.micro_batch_tokens=2048"], 100, False, 2048),
+        # a prompt and its 8 completions (100 + 8 × 40 = 420) cannot be split under 256
+        (["optim.micro_batch_tokens=256"], 100, True, 420),
+        # the whole batch, 1 prompt × 2 samples of 5 + 10 tokens, is less than the budget
+        (
+            ["rollout.prompts_per_step=1", "rollout.n_samples=2", "rollout.max_new_tokens=10"],
+            5,
+            False,
+            30,
+        ),
+    ],
+)
+def test_the_largest_micro_batch_a_step_can_pack(overrides, prompt, shared, expected):
+    from relayrl.config.loader import load_config
+    from relayrl.train.preflight.live import largest_micro_batch
+
+    base = ["rollout.prompts_per_step=8", "rollout.n_samples=8", "rollout.max_new_tokens=40"]
+    config = load_config(None, [*base, *overrides])
+    assert largest_micro_batch(config, prompt, shared) == expected
+
+
+def test_the_trainer_estimate_scales_the_measured_activations_to_the_largest_micro_batch():
+    """Held 40 GiB between steps, 1 GiB of activations for a micro-batch of 512 positions,
+    the largest of the run 2048: 40 + 1 × 4 = 44 GiB (far above this process's own peak)."""
+    from relayrl.config.loader import load_config
+    from relayrl.train.preflight.context import CheckContext
+    from relayrl.train.preflight.live import _trainer_peak
+
+    gib = 2**30
+    config = load_config(
+        None,
+        [
+            "optim.micro_batch_tokens=2048",
+            "rollout.prompts_per_step=8",
+            "rollout.n_samples=8",
+            "rollout.max_new_tokens=40",
+            "train.publish_canary_every=0",
+        ],
+    )
+    ctx = CheckContext(load=lambda argv: config, config=config)
+    ctx.prompt_ids = list(range(100))
+    ctx.measures.update(
+        trainer_held=40 * gib,
+        step_activations=gib,
+        step_positions=512,
+        trainer_peak_before_step=0,
+    )
+    assert _trainer_peak(ctx) == 44 * gib
+    ctx.measures["step_positions"] = 4096  # a measured micro-batch above the largest: no less
+    assert _trainer_peak(ctx) == 41 * gib

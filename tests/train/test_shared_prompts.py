@@ -126,3 +126,14 @@ def test_attention_without_a_custom_mask_is_not_shared(tiny_model_dir):
     model = load_model(tiny_model_dir)
     model.config._attn_implementation = "flash_attention_2"  # read only, never run
     assert sharing_for(model) is None
+
+
+def test_micro_batch_positions_count_a_shared_prompt_once(tmp_path, tiny_model_dir):
+    """What the preflight scales the trainer's activations by: one group of four samples of
+    a 7-token prompt is one packed row of 7 + all completions when shared, four right-padded
+    rows of 7 + the longest completion when not."""
+    group = batch()[0]
+    lengths = [len(t.completion_ids) for t in group]
+    for share, expected in ((True, 7 + sum(lengths)), (False, 4 * (7 + max(lengths)))):
+        trainer = trainer_for(tmp_path, load_model(tiny_model_dir), share)
+        assert trainer.micro_batch_positions(group) == [expected]

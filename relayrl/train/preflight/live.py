@@ -205,16 +205,35 @@ def check_step(ctx: CheckContext) -> str:
         traj.reward, traj.reward_status = result.reward, result.status
     algo = config.algo
     assign_advantages([ctx.group], algo.advantage, algo.gamma, algo.params_of("advantage"))
-    before = _rss_bytes(os.getpid())
     start = time.monotonic()
     ctx.trainer.train_step([ctx.group])
     first_s = time.monotonic() - start
+    # from here the trainer holds its gradients and optimizer state; the warm step's peak
+    # above that is its activations, measured alone where the peak can be reset
+    held, peak_so_far = _rss_bytes(os.getpid()), _rss_bytes(os.getpid(), "VmHWM")
+    reset = _reset_peak()
     ctx.trainer.version = 0  # the same group once more, warm (the first step pays set-up)
     start = time.monotonic()
     ctx.trainer.train_step([ctx.group])
     warm_s = time.monotonic() - start
-    ctx.measures.update(train_s=warm_s, rss_before_step=before)
+    ctx.measures.update(
+        train_s=warm_s,
+        trainer_held=held,
+        trainer_peak_before_step=peak_so_far,
+        step_activations=max(0, _rss_bytes(os.getpid(), "VmHWM") - held) if reset else 0,
+        step_positions=max(ctx.trainer.micro_batch_positions(ctx.group), default=1),
+    )
     return _step_estimate(ctx, first_s, warm_s)
+
+
+def _reset_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux's clear_refs); False where
+    that is not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def _step_estimate(ctx: CheckContext, first_s: float, warm_s: float) -> str:
@@ -289,7 +308,8 @@ def check_memory(ctx: CheckContext) -> str:
     ours = _rss_bytes(os.getpid()) + sum(_rss_bytes(p) for p in servers + graders)
     available = available_memory_bytes()
     detail = (
-        f"trainer ≈ {trainer / MiB:.0f} MiB, server ≈ {server / MiB:.0f} MiB (KV at full load "
+        f"trainer ≈ {trainer / MiB:.0f} MiB{_trainer_breakdown(ctx)}, "
+        f"server ≈ {server / MiB:.0f} MiB (KV at full load "
         f"and a weight load included) × {n_servers}, grader ≈ {grader / MiB:.0f} MiB × "
         f"{config.rollout.reward_workers}: ≈ {total / MiB:.0f} MiB"
     )
@@ -323,18 +343,51 @@ def kernel_cache_bytes(config: RunConfig, trainer: bool) -> int:
 
 
 def _trainer_peak(ctx: CheckContext) -> int:
-    """This process's peak, with the measured step's activations scaled to a full
-    micro-batch (``optim.micro_batch_tokens`` or the whole batch, whichever is less)."""
+    """This process's peak: what it holds between steps (model, gradients, optimizer state)
+    plus the measured step's activations scaled from the positions its micro-batch computed
+    to those of the largest micro-batch a step of the run can build; never less than the
+    peak it has already reached (loading the model)."""
     config = ctx.config
     assert config is not None
-    peak = _rss_bytes(os.getpid(), "VmHWM")
-    before = int(ctx.measures.get("rss_before_step", peak))
-    group_tokens = sum(t.num_tokens for t in ctx.group) or 1
+    reached = max(
+        int(ctx.measures.get("trainer_peak_before_step", 0)), _rss_bytes(os.getpid(), "VmHWM")
+    )
+    held = int(ctx.measures.get("trainer_held", reached))
+    activations = int(ctx.measures.get("step_activations", 0))
+    measured = max(1, int(ctx.measures.get("step_positions", 1)))
+    largest = largest_micro_batch(
+        config, len(ctx.prompt_ids), getattr(ctx.trainer, "sharing", None) is not None
+    )
+    ctx.measures["largest_micro_batch"] = largest
+    scaled = held + int(activations * max(1.0, largest / measured))
+    return max(reached, scaled) + _canary_bytes(ctx)
+
+
+def _trainer_breakdown(ctx: CheckContext) -> str:
+    measures = ctx.measures
+    if not measures.get("step_activations"):
+        return ""
+    return (
+        f" ({measures['trainer_held'] / MiB:.0f} held between steps, "
+        f"{measures['step_activations'] / MiB:.0f} of activations over "
+        f"{measures['step_positions']:.0f} positions, scaled to a micro-batch of "
+        f"{measures['largest_micro_batch']:.0f})"
+    )
+
+
+def largest_micro_batch(config: RunConfig, prompt_tokens: int, shared_prompts: bool) -> int:
+    """Token positions of the largest micro-batch a step can pack: ``optim.micro_batch_tokens``,
+    or the whole batch at ``rollout.max_new_tokens`` if that is less, and never less than
+    one unit the packer cannot split (a sequence; with shared prompts a prompt and all its
+    samples' completions)."""
     rollout = config.rollout
-    per_sample = len(ctx.prompt_ids) + rollout.max_new_tokens
-    batch = rollout.prompts_per_step * rollout.n_samples * per_sample
-    scale = max(1.0, min(config.optim.micro_batch_tokens, batch) / group_tokens)
-    return int(peak + max(0, peak - before) * (scale - 1)) + _canary_bytes(ctx)
+    if shared_prompts:
+        unit = prompt_tokens + rollout.n_samples * rollout.max_new_tokens
+        units = rollout.prompts_per_step
+    else:
+        unit = prompt_tokens + rollout.max_new_tokens
+        units = rollout.prompts_per_step * rollout.n_samples
+    return max(unit, min(config.optim.micro_batch_tokens, unit * units))
 
 
 def _canary_bytes(ctx: CheckContext) -> int:
