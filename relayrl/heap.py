@@ -1,5 +1,5 @@
 """The memory a long-running torch process keeps past its need: the C heap's free pages
-and the bf16 kernel caches.
+and the bf16 kernel caches; and the peak a process reached (``peak_rss_mb``).
 
 PyTorch's CPU tensors come from ``malloc``. glibc raises its mmap threshold each time a
 large block is freed, so later blocks of that size come from the heap, and memory freed
@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import resource
 
 KERNEL_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 KERNEL_CACHE_ENTRIES = 128
@@ -61,3 +62,9 @@ def bound_kernel_caches(entries: int = KERNEL_CACHE_ENTRIES) -> dict[str, str]:
     for name in KERNEL_CACHE_ENV:
         os.environ.setdefault(name, str(entries))
     return {name: os.environ[name] for name in KERNEL_CACHE_ENV}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports ``ru_maxrss`` in
+    KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

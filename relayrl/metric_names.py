@@ -46,6 +46,8 @@ STALE_KL_PER_VERSION = "stale_kl_per_version"  # Σ KL(μ ‖ π_v) / Σ stalene
 CLIP_FRAC = "clip_frac"  # fraction of the loss's tokens whose ratio was clipped
 
 # ------------------------------------------------------------------ the loop (train/loop.py)
+# this process's peak resident memory so far, in MiB: every step's row and the summary
+TRAINER_PEAK_RSS_MB = "trainer_peak_rss_mb"
 STEP_TIME_S = "step_time_s"  # wall-clock seconds of the step, evaluation included
 ELAPSED_S = "elapsed_s"  # wall-clock seconds since the loop started
 TIME_WAIT_S = "time_wait_s"  # waiting for the batch

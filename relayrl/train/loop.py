@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from relayrl.config.schema import EvalConfig, RunConfig
 from relayrl.errors import RelayError
 from relayrl.eval.evaluate import BatchGrader, EvalReport
-from relayrl.heap import release_free_heap
+from relayrl.heap import peak_rss_mb, release_free_heap
 from relayrl.metric_names import (
     ELAPSED_S,
     EVAL_PASS_AT_1,
@@ -48,6 +48,7 @@ from relayrl.metric_names import (
     TIME_WAIT_S,
     TRAIN_TOKENS,
     TRAIN_TOKENS_PER_S,
+    TRAINER_PEAK_RSS_MB,
     VERSION,
 )
 from relayrl.rollout.trajectory import Trajectory
@@ -207,6 +208,7 @@ class TrainingLoop:
                 metrics = await self._one_step(step, source)
                 now = time.perf_counter()
                 metrics[STEP_TIME_S], metrics[ELAPSED_S] = now - last, now - start
+                metrics[TRAINER_PEAK_RSS_MB] = peak_rss_mb()
                 metrics.update(source.step_metrics(now - last))
                 last = now
                 self.logger.log_step(metrics)

@@ -136,3 +136,17 @@ def test_wandb_sink_runs_offline(tmp_path, monkeypatch):
     log_rows(run, "wandb", monkeypatch)
     [offline] = (run / "wandb").glob("offline-run-*")
     assert list(offline.glob("run-*.wandb"))
+
+
+def test_every_step_row_carries_the_trainers_peak_memory(recorded_run):
+    """An interrupted run writes no train_summary.json: each step's row says how much memory
+    the trainer's process has held at most so far, never less than a row before it, and
+    the summary's figure is at least the last row's."""
+    import json
+
+    steps = [r for r in read_jsonl(recorded_run / "metrics.jsonl") if "step_time_s" in r]
+    peaks = [r["trainer_peak_rss_mb"] for r in steps]
+    assert len(peaks) == 3 and peaks[0] > 50  # a torch process holds more than 50 MiB
+    assert peaks == sorted(peaks)
+    summary = json.loads((recorded_run / "train_summary.json").read_text())
+    assert summary["trainer_peak_rss_mb"] >= peaks[-1]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ import torch
 from relayrl.config.schema import RunConfig
 from relayrl.eval.evaluate import EvalReport
 from relayrl.eval.sets import eval_problems, load_source
-from relayrl.metric_names import EVAL_PASS_AT_1
+from relayrl.heap import peak_rss_mb
+from relayrl.metric_names import EVAL_PASS_AT_1, TRAINER_PEAK_RSS_MB
 from relayrl.tasks.base import Problem, SyntheticTask
 from relayrl.train.distributed import TrainerGroup, make_trainer
 from relayrl.train.loop import TrainingLoop
@@ -172,9 +172,7 @@ class RunSetup:
         metrics = self.run_dir / "metrics.jsonl"
         result.summary["final_pass@1"] = result.final_pass_at_1
         # this process: the trainer, the controller and (eval.backend=trainer) evaluation
-        result.summary["trainer_peak_rss_mb"] = (
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        )
+        result.summary[TRAINER_PEAK_RSS_MB] = peak_rss_mb()
         result.summary.update(realised_staleness(metrics))
         result.summary.update(drift_summary(metrics))
         with contextlib.suppress(OSError):
