@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.errors import RelayError
+from relayrl.heap import peak_rss_mb
 
 HELP = "built-in engine vs vLLM vs HF model.generate on a long-tail workload"
 ENGINES = ("builtin", "vllm", "hf")
@@ -363,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
             per_batch[batch] = _compare(
                 args, model, tok, model_dir, engines, batch, n, max_len, limits
             )
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"peak_rss_mib={peak_kib / 1024:.0f}")
+    print(f"peak_rss_mib={peak_rss_mb():.0f}")
     for batch, tps in per_batch.items():
         if len(per_batch) > 1:
             for ratio, value in _ratios(tps):

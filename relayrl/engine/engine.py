@@ -32,7 +32,6 @@ import concurrent.futures
 import itertools
 import os
 import queue
-import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -65,7 +64,7 @@ from relayrl.engine.types import (
 from relayrl.engine.versioned import VersionedAdapters
 from relayrl.engine.weights import check_shapes, model_checksum, read_state_dict
 from relayrl.errors import RelayError
-from relayrl.heap import release_free_heap
+from relayrl.heap import peak_rss_mb, release_free_heap
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -545,7 +544,7 @@ class Engine:
             "kv_budget_tokens": self.kv_budget_tokens,
             "kv_bytes_per_token": self.runner.kv_bytes_per_token,
             # the process's peak resident memory (a server's: the engine is all it runs)
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": peak_rss_mb(),
         }
 
     def _stop(self) -> None:

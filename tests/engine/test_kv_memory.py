@@ -7,6 +7,8 @@ gives (and their logprobs up to the last float bit a different batch shape round
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,6 +53,10 @@ def test_kv_follows_the_running_requests_not_the_context(make_engine, tiny_model
     preallocated = 64 * engine.max_seq_len * per_token  # the old slots x max_seq_len buffer
     assert stats["kv_cache_peak_bytes"] == preallocated // 64
     assert stats["kv_cache_bytes"] == 0  # nothing runs: freed
+    # the process's peak (the run's server_peak_rss_mb), in MiB: about what it holds now at
+    # least (the kernel's per-thread RSS counters lag by some pages)
+    resident_kib = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
+    assert engine.stats()["peak_rss_mb"] >= 0.95 * resident_kib / 1024
 
 
 def test_kv_grows_with_a_long_request_and_keeps_its_tokens(make_engine, tiny_model):
