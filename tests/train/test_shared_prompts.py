@@ -137,3 +137,18 @@ def test_micro_batch_positions_count_a_shared_prompt_once(tmp_path, tiny_model_d
     for share, expected in ((True, 7 + sum(lengths)), (False, 4 * (7 + max(lengths)))):
         trainer = trainer_for(tmp_path, load_model(tiny_model_dir), share)
         assert trainer.micro_batch_positions(group) == [expected]
+
+
+def test_the_preflights_probe_copies_are_rows_of_their_own(tmp_path, tiny_model_dir):
+    """``relayrl check`` measures memory on copies of the sampled group as large as the run's
+    largest micro-batch: with shared prompts each copy must be its own packed row (as a
+    step's distinct prompts are), not one row three times as long."""
+    from relayrl.train.preflight.live import _distinct_copies
+
+    group = batch()[0]
+    one = 7 + sum(len(t.completion_ids) for t in group)
+    copies = [t for g in _distinct_copies(group, 3) for t in g]
+    trainer = trainer_for(tmp_path, load_model(tiny_model_dir), True)
+    assert trainer.micro_batch_positions(copies) == [3 * one]
+    assert [t.prompt_ids[1:] for t in copies] == [t.prompt_ids[1:] for t in group] * 3
+    assert len({tuple(t.prompt_ids) for t in copies}) == 3
