@@ -187,13 +187,13 @@ LONGTAIL = Workload(
 )
 # The SmolLM2-135M-Instruct recipe (docs/real-model.md): its config gives the model (the
 # PyPI package's GGUF, converted once), task, chat template, learning rate and precision
-# (bf16 on both sides where the CPU has fast bf16, float32 where it emulates it); the
-# benchmark sets the budget and keeps the optimizer its figures were measured with (the
-# recipe's lr 1e-5, constant, before the recipe moved to 2e-5 with a cosine decay over its
-# 40 steps). Both sides evaluate with relayrl's evaluator on the trainer's fp32 weights
-# (eval.backend=trainer), as TRL's side can only do.
+# (bf16 on both sides where the CPU has fast bf16, float32 where it emulates it) and the
+# optimizer (lr 2e-5, cosine, 2 warm-up steps; both sides decay over the benchmark's 20 steps,
+# TRL's through relayrl's own schedule function); the benchmark sets the budget. Both sides
+# evaluate with relayrl's evaluator on the trainer's fp32 weights (eval.backend=trainer), as
+# TRL's side can only do. Figures before 2026-12-07 evening ran at lr 1e-5, constant.
 SMOLLM2_CONFIG = "configs/smollm2.yaml"
-SMOLLM2_SETTINGS = ("eval.backend=trainer", "optim.schedule=constant")
+SMOLLM2_SETTINGS = ("eval.backend=trainer",)
 SMOLLM2_FULL = Settings(
     workload="smollm2",
     steps=20,
@@ -203,7 +203,6 @@ SMOLLM2_FULL = Settings(
     eval_every=10,
     eval_problems=200,
     eval_max_new_tokens=40,
-    lr=1e-5,
     config_file=SMOLLM2_CONFIG,
     extra_overrides=SMOLLM2_SETTINGS,
 )

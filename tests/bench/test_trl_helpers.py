@@ -163,8 +163,12 @@ def test_smollm2_workload_is_the_recipe_with_the_benchmarks_budget(
     assert config.task.name == "reasoning_gym" and config.task.params["dataset"] == "chain_sum"
     assert config.task.params["extract"] == ["tag", "hash", "last_number"]
     assert (config.rollout.dtype, config.train.mixed_precision) == ("bfloat16", "bf16")
-    # ... the optimizer its figures were measured with (lr 1e-5, constant) ...
-    assert (config.optim.lr, config.optim.schedule) == (1e-5, "constant")
+    # ... and optimizer (lr 2e-5, cosine over the benchmark's steps) ...
+    assert (config.optim.lr, config.optim.schedule, config.optim.warmup_steps) == (
+        2e-5,
+        "cosine",
+        2,
+    )
     # ... with the benchmark's budget, its model and one evaluator for every side
     assert (config.train.total_steps, config.rollout.max_new_tokens) == (20, 40)
     assert config.model.path == str(tiny_model_dir) and config.eval.backend == "trainer"
