@@ -30,15 +30,29 @@ class Target:
     base: float | None = None  # mean step-0 pass@1 of every run (common rule only)
     worst_best: float | None = None  # lowest of the runs' best pass@1 after step 0
     improved: bool = True  # False: some run never beat the base, the time measures nothing
+    # the base's binomial standard error on the evaluation's problems (common rule, when the
+    # number of problems is known); a worst best within it is not a measured improvement
+    base_stderr: float | None = None
+
+    @property
+    def within_noise(self) -> bool:
+        """True when the worst run's best beat the base by no more than one standard error:
+        every side then reaches the target by the evaluation's noise, and the time to it is
+        the time to the first evaluations, not to learning."""
+        if self.base is None or self.worst_best is None or self.base_stderr is None:
+            return False
+        return self.worst_best - self.base <= self.base_stderr
 
 
 def fixed_target(value: float) -> Target:
     return Target(value, f"fixed target pass@1 {value:g} (--target); a run may not reach it")
 
 
-def common_target(curves: Sequence[Curve], fraction: float) -> Target:
+def common_target(curves: Sequence[Curve], fraction: float, problems: int | None = None) -> Target:
     """``min(worst_best, base + fraction · (worst_best − base))``: reached by every run,
-    since each run's best is ≥ the worst run's best (and ``fraction`` ≤ 1)."""
+    since each run's best is ≥ the worst run's best (and ``fraction`` ≤ 1). ``problems``:
+    the evaluation's number of problems, for the base's standard error
+    (:attr:`Target.within_noise`)."""
     if not 0 < fraction <= 1:
         raise RelayError(f"--target-fraction must be in (0, 1] (got {fraction})")
     bests = []
@@ -60,7 +74,8 @@ def common_target(curves: Sequence[Curve], fraction: float) -> Target:
         f"evaluation) to the worst run's best pass@1 {worst_best:.3f}: target {value:.3f}, "
         "reached by every run of every side"
     )
-    return Target(value, rule, base, worst_best, improved=worst_best > base)
+    stderr = math.sqrt(base * (1 - base) / problems) if problems else None
+    return Target(value, rule, base, worst_best, improved=worst_best > base, base_stderr=stderr)
 
 
 def time_to_target(curve: Curve, total_seconds: float, target: float) -> tuple[float, bool]:

@@ -356,3 +356,24 @@ def test_crossing_midpoint_halves_the_evaluation_grid():
     ]
     assert midpoint_means(runs, 0.6) == {"trl": (15.0 + 2.0) / 2}
     assert midpoint_means(runs, 0.65) == {}  # seed 1 never reached it
+
+
+def test_a_target_within_the_bases_noise_is_flagged():
+    from relayrl.bench.trl_target import common_target
+
+    # relayrl's runs in the smollm2 bench of 2026-12-07 (TRL's step-0 evaluations are the
+    # same; seed 2 never passed 0.05): base 0.038 on 200 problems, standard error
+    # sqrt(0.0383 * 0.9617 / 200) = 0.01358
+    runs = [
+        [(0, 0.0, 0.025), (10, 241.2, 0.090), (20, 449.6, 0.095)],
+        [(0, 0.0, 0.050), (10, 199.7, 0.050), (20, 385.7, 0.120)],
+        [(0, 0.0, 0.040), (10, 202.1, 0.050), (20, 400.5, 0.035)],
+    ]
+    noisy = common_target(runs, 0.8, problems=200)
+    assert noisy.base == pytest.approx(0.115 / 3)  # 0.0383
+    assert noisy.base_stderr == pytest.approx(0.013576, abs=1e-6)
+    assert noisy.improved and noisy.within_noise  # 0.050 - 0.0383 = 0.0117 <= 0.0136: flagged
+    # the same curves on 2000 problems: a standard error of 0.0043, so a real improvement
+    assert not common_target(runs, 0.8, problems=2000).within_noise
+    # without the number of problems (a fixed rule or older callers) nothing is flagged
+    assert not common_target(runs, 0.8).within_noise
