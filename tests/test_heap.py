@@ -53,19 +53,27 @@ subprocess.run([sys.executable, "-c", code], check=True)
 """
 
 
+def _python(code: str, *args: str, env: dict[str, str], timeout: float = 120) -> str:
+    """Run ``code`` in a fresh Python with ``env``; its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=True,
+    )
+    return done.stdout
+
+
+def _without_kernel_cache_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_ENV}
+
+
 def test_freed_tensors_go_back_to_the_os_only_when_released() -> None:
     if not release_free_heap():
         pytest.skip("the C library has no malloc_trim (not glibc)")
-    env = {**os.environ, **HEAP_ONLY}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=env,
-    )
-    base, before, after = map(int, done.stdout.split())
+    base, before, after = map(int, _python(SCRIPT, env={**os.environ, **HEAP_ONLY}).split())
     # ~300 MB freed and kept, then handed back (measured on a 2-core EPYC: 220 MB at the
     # start, 510 before the release, 220 after)
     assert before - base > 200, (base, before, after)
@@ -86,16 +94,8 @@ def test_kernel_caches_are_capped_unless_the_environment_says_otherwise(
 
 
 def test_relayrl_commands_cap_the_kernel_caches_for_the_processes_they_start() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_ENV}
-    done = subprocess.run(
-        [sys.executable, "-c", CLI_THEN_CHILD],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    )
-    assert done.stdout.split() == [str(KERNEL_CACHE_ENTRIES)] * 2
+    out = _python(CLI_THEN_CHILD, env=_without_kernel_cache_settings())
+    assert out.split() == [str(KERNEL_CACHE_ENTRIES)] * 2
 
 
 # A bf16 Linear(576, 4096) forward and backward at 150 new row counts, the C heap trimmed
@@ -124,16 +124,7 @@ print(rss_mb() - before)
 
 
 def _growth_mb(entries: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_ENV}
-    done = subprocess.run(
-        [sys.executable, "-c", NEW_SHAPES, entries],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=True,
-    )
-    return int(done.stdout)
+    return int(_python(NEW_SHAPES, entries, env=_without_kernel_cache_settings(), timeout=300))
 
 
 def test_capped_kernel_caches_bound_the_memory_new_bf16_shapes_keep() -> None:
