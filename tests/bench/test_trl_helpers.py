@@ -16,6 +16,7 @@ from relayrl.bench.trl import (
     LONGTAIL,
     SideResult,
     choose_target,
+    late_reward_by_side,
     parse_sides,
     relayrl_curve,
     settings_from_args,
@@ -46,6 +47,25 @@ def test_relayrl_curve_subtracts_every_evaluation_so_far():
     assert r.train_seconds == 8.0 and r.samples == 3 * 128
     assert r.time_to_target(0.7) == (5.0, True)
     assert r.time_to_target(0.95) == (8.0, False)
+
+
+def test_training_reward_per_step_and_its_second_half():
+    rows = [
+        {"step": 0, "eval_pass@1": 0.5, "time_eval_s": 2.0},
+        *({"step": k, "elapsed_s": 5.0 * k, "reward_mean": 0.1 * k} for k in range(1, 5)),
+        {"step": 4, "final": True, "eval_pass@1": 0.9, "time_eval_s": 4.0},
+    ]
+    r = relayrl_curve("relayrl_async", rows, samples_per_step=8)
+    assert r.train_reward == [(1, 0.1), (2, 0.2), (3, 0.1 * 3), (4, 0.4)]
+    # steps 3 and 4 are the second half of 4 steps
+    assert r.late_train_reward() == pytest.approx(0.35)
+    assert SideResult("trl", [(0, 0.0, 0.2)], 1.0, 8).late_train_reward() is None
+    other = SideResult("relayrl_async", [], 1.0, 8, seed=1, train_reward=[(1, 0.0), (2, 0.25)])
+    no_rewards = SideResult("trl", [], 1.0, 8)
+    late = late_reward_by_side([r, other, no_rewards])
+    assert late.keys() == {"relayrl_async"}  # trl recorded none
+    assert late["relayrl_async"]["mean"] == pytest.approx((0.35 + 0.25) / 2)
+    assert late["relayrl_async"]["std"] == pytest.approx(0.1 / 2**0.5)
 
 
 def test_compare_marks_lower_bounds():

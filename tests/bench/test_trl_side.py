@@ -55,3 +55,6 @@ def test_the_trl_side_trains_with_relayrls_settings(tiny_model_dir, tmp_path, mo
     assert [step for step, _, _ in result.curve] == [0, 1, 2]
     elapsed = [t for _, t, _ in result.curve]
     assert elapsed == sorted(elapsed) and all(0.0 <= p <= 1.0 for _, _, p in result.curve)
+    # one training reward per step, logged by TRL itself (learning per step beside relayrl's)
+    assert [step for step, _ in result.train_reward] == [1, 2]
+    assert all(0.0 <= r <= 1.0 for _, r in result.train_reward)
