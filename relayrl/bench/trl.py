@@ -73,6 +73,9 @@ DEFAULT_ETA = "default"  # the async side keeps relayrl's default rollout.eta; -
 SYNC_THREADS = {"server": 2, "trainer": 2}  # η = 0: the phases alternate, each may use both
 SIDES = ("relayrl_async", "relayrl_sync", "trl")
 RSS_POLL_S = 0.2
+# a side told to stop (the benchmark interrupted) gets this long to finish: relayrl's sides
+# end their step, checkpoint and stop their rollout servers on SIGTERM
+SIDE_STOP_GRACE_S = 120.0
 SFT_SEED = 0  # the benchmark's own SFT base is built once and shared by every seed
 DEFAULT_TARGET_FRACTION = 0.8
 SMOKE = "smoke test: not a measurement"
@@ -783,22 +786,11 @@ def run_side(side: str, s: Settings, out: Path, model_dir: Path) -> SideResult:
         target=_side_main, args=(side, s, out, model_dir, result_path), name=f"bench-{side}"
     )
     proc.start()
-    peak = 0
-    root = psutil.Process(proc.pid)
-    while proc.is_alive():
-        try:
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            break
-        total = 0
-        for p in tree:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        peak = max(peak, total)
-        time.sleep(RSS_POLL_S)
-    proc.join()
+    try:
+        peak = _peak_rss_until_exit(proc.pid, psutil, proc.is_alive)
+        proc.join()
+    finally:  # interrupted (Ctrl-C, SIGTERM): no side keeps training once the bench is gone
+        stop_process(proc, SIDE_STOP_GRACE_S)
     if not result_path.is_file():
         raise RelayError(f"{side}: the benchmark process exited ({proc.exitcode}) without a result")
     payload = json.loads(result_path.read_text())
@@ -816,6 +808,43 @@ def run_side(side: str, s: Settings, out: Path, model_dir: Path) -> SideResult:
         [tuple(x) for x in r.get("train_reward", [])],
     )
     return result
+
+
+def _peak_rss_until_exit(pid: int, psutil, alive) -> int:
+    """Largest sum of RSS over ``pid`` and its descendants while ``alive()``."""
+    peak = 0
+    root = psutil.Process(pid)
+    while alive():
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        total = 0
+        for p in tree:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        peak = max(peak, total)
+        time.sleep(RSS_POLL_S)
+    return peak
+
+
+def stop_process(proc, grace_s: float) -> None:
+    """SIGTERM a still-running ``proc``, then SIGKILL it if it has not exited in
+    ``grace_s`` seconds (a no-op once it has exited)."""
+    if not proc.is_alive():
+        return
+    proc.terminate()
+    proc.join(grace_s)
+    if proc.is_alive():
+        print(f"error: {proc.name} did not stop within {grace_s:.0f} s of SIGTERM: killed")
+        proc.kill()
+        proc.join()
+
+
+def _exit_on_sigterm(signum, frame) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)
 
 
 def choose_target(results: list[SideResult], s: Settings) -> Target:
@@ -1002,8 +1031,12 @@ def midpoint_means(results: list[SideResult], target: float) -> dict[str, float]
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import signal
 
     from relayrl.bench.demo import parse_seeds
+
+    # SIGTERM unwinds like Ctrl-C, so run_side stops the side it is waiting for
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     s = settings_from_args(args)
     sides = parse_sides(args.sides)

@@ -397,3 +397,38 @@ def test_a_target_within_the_bases_noise_is_flagged():
     assert not common_target(runs, 0.8, problems=2000).within_noise
     # without the number of problems (a fixed rule or older callers) nothing is flagged
     assert not common_target(runs, 0.8).within_noise
+
+
+def _sleep_forever(ignore_sigterm: bool, ready) -> None:
+    import signal
+    import time
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True])
+def test_an_interrupted_bench_leaves_no_side_running(ignore_sigterm, capsys):
+    import multiprocessing
+    import signal
+    import time
+
+    from relayrl.bench.trl import stop_process
+
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    proc = context.Process(target=_sleep_forever, args=(ignore_sigterm, ready), name="bench-side")
+    proc.start()
+    assert ready.wait(60), "the child never started"
+    t0 = time.perf_counter()
+    stop_process(proc, grace_s=1.0)
+    assert not proc.is_alive()
+    if ignore_sigterm:  # killed once the grace ran out, and said so
+        assert proc.exitcode == -signal.SIGKILL
+        assert "error: bench-side did not stop within 1 s of SIGTERM" in capsys.readouterr().out
+    else:
+        assert proc.exitcode == -signal.SIGTERM and time.perf_counter() - t0 < 1.0
+    stop_process(proc, grace_s=1.0)  # a process that has exited: nothing to do
