@@ -603,7 +603,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from relayrl.models.loading import encode_prompt, load_model, load_tokenizer, prompt_text
     from relayrl.rewards.dispatch import score
@@ -694,9 +694,32 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: lr_factor(k, o.warmup_steps, s.steps, o.schedule)
     )
-    algo = config.algo
-    args = GRPOConfig(
-        output_dir=str(out / "runs" / run_name("trl", s.seed)),
+    args = trl_grpo_config(s, config, out / "runs" / run_name("trl", s.seed), bf16=mixed)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arithmetic_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[HeldOutEval()],
+        optimizers=(optimizer, scheduler),
+    )
+    trainer.train()
+    evaluate(s.steps)
+    train_s = curve[-1][1]
+    return SideResult(
+        "trl", curve, train_s, s.steps * s.samples_per_step, seed=s.seed, train_reward=rewards
+    )
+
+
+def trl_grpo_config(s: Settings, config, output_dir: Path, bf16: bool):
+    """TRL's ``GRPOConfig`` with relayrl's settings for everything the comparison calls
+    matched (``DIFFERENCES`` lists the rest); ``bf16``: accelerate's autocast."""
+    from trl import GRPOConfig
+
+    algo, o = config.algo, config.optim
+    return GRPOConfig(
+        output_dir=str(output_dir),
         use_cpu=True,
         seed=config.seed,
         max_steps=s.steps,
@@ -722,28 +745,13 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
         mask_truncated_completions=False,
         # bf16 autocast with fp32 weights, as relayrl's train.mixed_precision=bf16 (the
         # SmolLM2 recipe); else float32 as relayrl's model.dtype
-        bf16=mixed,
+        bf16=bf16,
         gradient_checkpointing=False,  # as relayrl (TRL's default recomputes activations)
         logging_steps=1,  # every step's training reward (HeldOutEval.on_log)
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=arithmetic_reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[HeldOutEval()],
-        optimizers=(optimizer, scheduler),
-    )
-    trainer.train()
-    evaluate(s.steps)
-    train_s = curve[-1][1]
-    return SideResult(
-        "trl", curve, train_s, s.steps * s.samples_per_step, seed=s.seed, train_reward=rewards
     )
 
 

@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "engine": "engine",
     "async": "async_rl",
     "trl": "trl",
+    "trl-gradient": "trl_gradient",
     "http": "http",
     "trainer": "trainer",
     "demo": "demo",
