@@ -173,9 +173,7 @@ def relayrl_gradient(
     """The gradient of relayrl's ``train_step`` on ``groups`` (before clipping), from the
     model's initial weights, with its trainer's own behaviour logprobs unless
     ``engine_behaviour`` (then the engine's)."""
-    from relayrl.algo.advantages import compute_advantages
     from relayrl.models.loading import load_model, load_tokenizer
-    from relayrl.rollout.trajectory import Trajectory
     from relayrl.train.options import TrainerOptions
     from relayrl.train.trainer import RLTrainer
 
@@ -185,18 +183,52 @@ def relayrl_gradient(
     pad_id = load_tokenizer(model_dir).pad_token_id
     model = load_model(model_dir, config.model.device, config.model.dtype)
     trainer = RLTrainer(model, options, pad_id=pad_id)
+    trajs = trajectories(config, trainer, groups, engine_behaviour)
+    grads: Gradient = {}
+
+    def keep_gradient(optimizer, args, kwargs) -> None:  # noqa: ARG001
+        grads.update({n: p.grad.detach().clone() for n, p in named_with_grad(model)})
+
+    trainer.optimizer.register_step_pre_hook(keep_gradient)
+    trainer.train_step(trajs)
+    return grads
+
+
+def relayrl_update(config, model_dir: Path, batches: list[Groups], autocast: bool) -> Gradient:
+    """The change of every parameter over one relayrl ``train_step`` per batch (its AdamW,
+    clipping and schedule), from the model's initial weights, on-policy logprobs."""
+    from relayrl.models.loading import load_model, load_tokenizer
+    from relayrl.train.options import TrainerOptions
+    from relayrl.train.trainer import RLTrainer
+
+    options = replace(TrainerOptions.from_config(config), autocast_bf16=autocast)
+    model = load_model(model_dir, config.model.device, config.model.dtype)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = RLTrainer(model, options, pad_id=load_tokenizer(model_dir).pad_token_id)
+    for groups in batches:
+        trainer.train_step(trajectories(config, trainer, groups))
+    return {n: p.detach() - start[n] for n, p in model.named_parameters()}
+
+
+def trajectories(config, trainer, groups: Groups, engine_behaviour: bool = False):
+    """``groups`` as relayrl's trajectories at the trainer's version, with the run's
+    advantages; behaviour logprobs the trainer's own unless ``engine_behaviour``."""
+    from relayrl.algo.advantages import compute_advantages
+    from relayrl.rollout.trajectory import Trajectory
+
     advantages = compute_advantages([[s.reward for s in g] for g in groups], config.algo.advantage)
+    v = trainer.version
     trajs = [
         [
             Trajectory(
                 f"p{i}",
-                f"g{i}",
+                f"g{v}-{i}",
                 j,
                 s.prompt_ids,
                 s.completion_ids,
                 s.engine_logprobs,
-                [0] * len(s.completion_ids),
-                0,
+                [v] * len(s.completion_ids),
+                v,
                 "stop",
                 s.reward,
                 "ok",
@@ -208,16 +240,9 @@ def relayrl_gradient(
     ]
     if not engine_behaviour:  # on-policy in the trainer's own numerics: π_prox/μ = 1
         flat = [t for g in trajs for t in g]
-        for t, logp in zip(flat, trainer.traj_logprobs(model, flat), strict=True):
+        for t, logp in zip(flat, trainer.traj_logprobs(trainer.model, flat), strict=True):
             t.behav_logprobs = logp.tolist()
-    grads: Gradient = {}
-
-    def keep_gradient(optimizer, args, kwargs) -> None:  # noqa: ARG001
-        grads.update({n: p.grad.detach().clone() for n, p in named_with_grad(model)})
-
-    trainer.optimizer.register_step_pre_hook(keep_gradient)
-    trainer.train_step(trajs)
-    return grads
+    return trajs
 
 
 def named_with_grad(model) -> list[tuple[str, Any]]:
@@ -295,6 +320,51 @@ def trl_gradient(s, config, model_dir: Path, out: Path, groups: Groups, bf16: bo
         loss = trainer.compute_loss(trainer.model, trl_inputs(groups, tokenizer.pad_token_id))
     loss.backward()
     return {n: p.grad.detach().clone() for n, p in named_with_grad(trainer.model)}
+
+
+def trl_update(
+    s, config, model_dir: Path, out: Path, batches: list[Groups], bf16: bool
+) -> Gradient:
+    """The change of every parameter over TRL's own training loop (``GRPOTrainer.train``:
+    the transformers ``Trainer``'s AdamW step, clipping and the benchmark's schedule), one
+    step per batch, its generation replaced by the batches, from the initial weights."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from relayrl.models.loading import load_model, load_tokenizer
+    from relayrl.train.trainer import lr_factor
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, config.model.device, config.model.dtype).train()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    o, steps = config.optim, len(batches)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: lr_factor(k, o.warmup_steps, steps, o.schedule)
+    )
+    queue = [trl_inputs(groups, tokenizer.pad_token_id) for groups in batches]
+
+    class PreparedBatches(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):  # noqa: ARG002
+            return queue.pop(0)
+
+    samples = sum(len(g) for g in batches[0])
+    shape = replace(s, steps=steps, prompts_per_step=len(batches[0]))
+    trainer = PreparedBatches(
+        model=model,
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=trl_grpo_config(shape, config, out / "trl_update", bf16=bf16),
+        train_dataset=Dataset.from_dict({"prompt": ["unused"] * samples * steps}),
+        processing_class=tokenizer,
+        optimizers=(optimizer, scheduler),
+    )
+    trainer.train()
+    if queue:
+        raise RelayError(f"TRL's loop took {steps - len(queue)} of {steps} batches")
+    return {n: p.detach() - start[n] for n, p in model.named_parameters()}
 
 
 # --------------------------------------------------------------------------- the check

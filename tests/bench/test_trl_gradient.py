@@ -14,9 +14,11 @@ from relayrl.bench.trl_gradient import (
     Sample,
     compare,
     relayrl_gradient,
+    relayrl_update,
     sample_groups,
     trl_gradient,
     trl_inputs,
+    trl_update,
 )
 from relayrl.errors import RelayError
 from relayrl.models.loading import encode_prompt, load_tokenizer
@@ -66,6 +68,24 @@ def test_relayrl_and_trl_compute_the_same_gradient(tiny_model_dir, tmp_path):
         SETTINGS, config, tiny_model_dir, tmp_path, hand_groups(tiny_model_dir, flipped), False
     )
     assert compare(ours, other).cosine < 0.99
+
+
+def test_three_steps_of_each_trainer_move_the_weights_alike(tiny_model_dir, tmp_path):
+    """Past one gradient: relayrl's AdamW, clipping and schedule over three steps against
+    TRL's own loop (the transformers Trainer) on the same three batches."""
+    config = run_config(replace(SETTINGS, steps=3), tmp_path, tiny_model_dir, side="relayrl_sync")
+    rewards = [
+        REWARDS,
+        [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]],
+        [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0]],
+    ]
+    batches = [hand_groups(tiny_model_dir, r) for r in rewards]
+    ours = relayrl_update(config, tiny_model_dir, batches, autocast=False)
+    theirs = trl_update(SETTINGS, config, tiny_model_dir, tmp_path, batches, bf16=False)
+    same = compare(ours, theirs)
+    assert same.cosine > 1 - 1e-6
+    assert same.relative_l2 < 2e-3
+    assert compare(ours, relayrl_update(config, tiny_model_dir, batches[:2], False)).cosine < 0.99
 
 
 def test_trl_inputs_pad_prompts_left_and_completions_right():
