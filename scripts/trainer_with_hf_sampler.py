@@ -29,13 +29,12 @@ from pathlib import Path
 import torch
 
 from relayrl.algo.advantages import compute_advantages
-from relayrl.bench.trl import SMOLLM2, run_config
+from relayrl.bench.trl import SMOLLM2, held_out_pass_at_1, run_config
 from relayrl.models.loading import encode_prompt, load_model, load_tokenizer
 from relayrl.rewards.dispatch import score
 from relayrl.rollout.prompts import PromptLoader
 from relayrl.rollout.trajectory import Trajectory
 from relayrl.tasks.registry import make_task
-from relayrl.train.loop import evaluate_model
 from relayrl.train.options import TrainerOptions
 from relayrl.train.trainer import RLTrainer
 
@@ -89,24 +88,14 @@ def main() -> None:
     task = make_task(config.task.name, config.task.params)
     train = task.problems("train", config.task.train_size, config.task.seed)
     test = task.problems("test", s.eval_problems, config.task.seed)
-    eval_cfg = config.eval.model_copy(update={"num_problems": len(test)})
     loader = PromptLoader(train, config.seed)
     bf16 = config.train.mixed_precision == "bf16"
     system = config.model.system_prompt
 
     def evaluate(step: int) -> float:
-        eval_model.load_state_dict(model.state_dict())
-        report = evaluate_model(
-            eval_model,
-            tokenizer,
-            test,
-            eval_cfg,
-            config.seed,
-            system_prompt=system,
-            max_seq_len=config.model.max_context,
-        )
-        print(f"step {step}: pass@1 {report.pass_at_1:.3f}", flush=True)
-        return report.pass_at_1
+        pass_at_1 = held_out_pass_at_1(model, eval_model, tokenizer, test, config)
+        print(f"step {step}: pass@1 {pass_at_1:.3f}", flush=True)
+        return pass_at_1
 
     last = evaluate(0)
     for step in range(1, s.steps + 1):

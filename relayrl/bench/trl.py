@@ -608,8 +608,6 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     from relayrl.models.loading import encode_prompt, load_model, load_tokenizer, prompt_text
     from relayrl.rewards.dispatch import score
     from relayrl.tasks.registry import make_task
-    from relayrl.train.loop import evaluate_model
-    from relayrl.train.trainer import lr_factor
 
     torch.set_num_threads(TRL_THREADS)
     config = run_config(s, out, model_dir)
@@ -645,7 +643,6 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [score(train[i], c) for i, c in zip(index, texts, strict=True)]
 
-    eval_cfg = config.eval.model_copy(update={"num_problems": len(test)})
     curve: list[tuple[int, float, float]] = []
     rewards: list[tuple[int, float]] = []
     clock = {"start": 0.0, "eval": 0.0, "train": 0.0}
@@ -657,18 +654,8 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     def evaluate(step: int) -> None:
         t0 = time.perf_counter()
         elapsed = t0 - clock["start"] - clock["eval"]
-        if eval_model is not model:
-            eval_model.load_state_dict(model.state_dict())
-        report = evaluate_model(
-            eval_model,
-            tokenizer,
-            test,
-            eval_cfg,
-            config.seed,
-            system_prompt=config.model.system_prompt,
-            max_seq_len=config.model.max_context,
-        )
-        curve.append((step, elapsed, report.pass_at_1))
+        pass_at_1 = held_out_pass_at_1(model, eval_model, tokenizer, test, config)
+        curve.append((step, elapsed, pass_at_1))
         clock["eval"] += time.perf_counter() - t0
 
     class HeldOutEval(TrainerCallback):
@@ -687,13 +674,7 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
             if logs and "reward" in logs:
                 rewards.append((state.global_step, float(logs["reward"])))
 
-    o = config.optim
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: lr_factor(k, o.warmup_steps, s.steps, o.schedule)
-    )
+    optimizer, scheduler = trl_optimizers(model, config, s.steps)
     args = trl_grpo_config(s, config, out / "runs" / run_name("trl", s.seed), bf16=mixed)
     trainer = GRPOTrainer(
         model=model,
@@ -710,6 +691,43 @@ def _trl_side(s: Settings, out: Path, model_dir: Path) -> SideResult:
     return SideResult(
         "trl", curve, train_s, s.steps * s.samples_per_step, seed=s.seed, train_reward=rewards
     )
+
+
+def trl_optimizers(model, config, steps: int):
+    """The optimizer and schedule handed to TRL: relayrl's AdamW settings and its own
+    ``lr_factor`` over ``steps``, so every step's learning rate is relayrl's."""
+    import torch
+
+    from relayrl.train.trainer import lr_factor
+
+    o = config.optim
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: lr_factor(k, o.warmup_steps, steps, o.schedule)
+    )
+    return optimizer, scheduler
+
+
+def held_out_pass_at_1(model, eval_model, tokenizer, test, config) -> float:
+    """pass@1 of ``model``'s weights on the held-out problems with relayrl's evaluator, run
+    on ``eval_model`` (a plain float32 copy when the trainer's forward runs under autocast;
+    ``model`` itself otherwise)."""
+    from relayrl.train.loop import evaluate_model
+
+    if eval_model is not model:
+        eval_model.load_state_dict(model.state_dict())
+    report = evaluate_model(
+        eval_model,
+        tokenizer,
+        test,
+        config.eval.model_copy(update={"num_problems": len(test)}),
+        config.seed,
+        system_prompt=config.model.system_prompt,
+        max_seq_len=config.model.max_context,
+    )
+    return report.pass_at_1
 
 
 def trl_grpo_config(s: Settings, config, output_dir: Path, bf16: bool):

@@ -34,6 +34,7 @@ from relayrl.bench.trl import (
     check_trl,
     run_config,
     trl_grpo_config,
+    trl_optimizers,
     workload_of,
 )
 from relayrl.errors import RelayError
@@ -328,23 +329,16 @@ def trl_update(
     """The change of every parameter over TRL's own training loop (``GRPOTrainer.train``:
     the transformers ``Trainer``'s AdamW step, clipping and the benchmark's schedule), one
     step per batch, its generation replaced by the batches, from the initial weights."""
-    import torch
     from datasets import Dataset
     from trl import GRPOTrainer
 
     from relayrl.models.loading import load_model, load_tokenizer
-    from relayrl.train.trainer import lr_factor
 
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, config.model.device, config.model.dtype).train()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    o, steps = config.optim, len(batches)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: lr_factor(k, o.warmup_steps, steps, o.schedule)
-    )
+    steps = len(batches)
+    optimizer, scheduler = trl_optimizers(model, config, steps)
     queue = [trl_inputs(groups, tokenizer.pad_token_id) for groups in batches]
 
     class PreparedBatches(GRPOTrainer):
